@@ -1,0 +1,52 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Everything else is a helper.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+APT_PKGS := redis-server faketime docker-compose
+
+.PHONY: test demo lint typecheck pytest bench drill sysdeps venv clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Installs the Debian packages the real-server tests need, only when a binary is missing.
+sysdeps:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v faketime >/dev/null || missing="$$missing faketime"; \
+	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check singleton listeners tests bench scripts
+	$(VENV)/bin/ruff format --check singleton listeners tests bench scripts
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP) sysdeps
+	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test: sysdeps $(STAMP) lint typecheck pytest
+
+demo: $(STAMP)
+	$(VENV)/bin/singleton demo $(DEMO_ARGS)
+
+bench: $(STAMP) sysdeps
+	$(PY) -m bench
+
+drill: $(STAMP) sysdeps
+	$(VENV)/bin/singleton drill --rounds 100 $(DRILL_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

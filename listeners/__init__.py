@@ -1,0 +1,1 @@
+"""Change-stream listeners that run under a singleton Elector."""

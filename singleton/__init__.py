@@ -1,0 +1,68 @@
+"""singleton: exactly one active instance out of N replicas, with fenced leases.
+
+The election core knows nothing about MongoDB change streams or Elasticsearch; those live in the
+``listeners`` package, which depends on this one (never the reverse).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from singleton.abc import Lease, LeaseBackend, LeaseState
+from singleton.clock import Clock, SystemClock
+from singleton.elector import ElectionTimeoutError, Elector
+from singleton.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+    HistoryLostError,
+    LeaseLostError,
+    PermissionDeniedError,
+    SingletonError,
+    SinkError,
+    StaleWriterError,
+)
+from singleton.leadership import Leadership
+
+if TYPE_CHECKING:
+    from singleton.backends.mongo import MongoLeaseBackend
+    from singleton.backends.redis import RedisLeaseBackend
+
+__all__ = [
+    "BackendError",
+    "BackendUnavailableError",
+    "Clock",
+    "ConfigurationError",
+    "ElectionTimeoutError",
+    "Elector",
+    "HistoryLostError",
+    "Lease",
+    "LeaseBackend",
+    "LeaseLostError",
+    "LeaseState",
+    "Leadership",
+    "MongoLeaseBackend",
+    "PermissionDeniedError",
+    "RedisLeaseBackend",
+    "SingletonError",
+    "SinkError",
+    "StaleWriterError",
+    "SystemClock",
+]
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "RedisLeaseBackend": "singleton.backends.redis",
+    "MongoLeaseBackend": "singleton.backends.mongo",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Backends import their drivers lazily so `import singleton` stays cheap.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'singleton' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

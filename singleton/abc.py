@@ -1,0 +1,158 @@
+"""The lease backend contract, documented once here; implementations stay terse.
+
+Failure model: processes crash, pause (GC, SIGSTOP) and lose their network at any moment; the
+store itself may be slow, unreachable or restarted. Clocks of different machines disagree, so a
+backend decides expiry with *one* clock, its own server's, and callers make local decisions on
+their own monotonic clock with a safety margin (see :class:`singleton.Elector`).
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from types import TracebackType
+
+from singleton.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A granted lease. Immutable: a renewal returns a new ``Lease`` with the same token.
+
+    ``holder`` is the random per-candidate value that proves ownership; ``token`` is the fencing
+    token, an integer that strictly increases with every new acquisition of ``name``.
+    """
+
+    name: str
+    holder: str
+    token: int
+    ttl: float
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """What :meth:`LeaseBackend.inspect` sees: the current holder of a live lease."""
+
+    name: str
+    holder: str
+    token: int
+    ttl_remaining: float
+
+    @property
+    def identity(self) -> str:
+        """The human part of ``holder`` (see :func:`identity_of`)."""
+        return identity_of(self.holder)
+
+
+HOLDER_SEPARATOR = "/"
+
+
+def identity_of(holder: str) -> str:
+    """``"web-1/3f9c..."`` -> ``"web-1"``: electors build holders as identity + ``/`` + random."""
+    return holder.rsplit(HOLDER_SEPARATOR, 1)[0]
+
+
+class LeaseBackend(ABC):
+    """A store that grants named, expiring, fenced leases.
+
+    Invariants every implementation keeps (``tests/integration/test_contract.py`` checks them
+    against each backend):
+
+    * **Mutual exclusion.** At most one holder has a live lease for a name at any instant of the
+      backend's own clock. A lease is live from its grant until ``ttl`` seconds after its last
+      grant or renewal, measured by the server, or until released.
+    * **Fencing.** Every successful :meth:`try_acquire` of a name returns a ``token`` strictly
+      greater than every token previously granted for that name, forever, including when the
+      previous lease expired without being released. Renewal keeps the token.
+    * **Ownership.** :meth:`renew` and :meth:`release` succeed only if the stored holder *and*
+      token equal the lease's; a non-holder can never extend, release or overwrite a lease.
+    * **Atomicity.** Each operation is one atomic step on the server (a Lua script, a
+      ``findOneAndUpdate``); there is no read-then-write window.
+    * **Unknown outcomes are errors.** When the server cannot be reached or does not answer in
+      time, operations raise :class:`~singleton.errors.BackendUnavailableError` (never return a
+      guess). Driver exceptions never leak: they are translated into ``singleton.errors``.
+    * **Ownership of clients.** A backend closes only a client it created from a URL.
+    """
+
+    @abstractmethod
+    def try_acquire(self, name: str, holder: str, ttl: float) -> Lease | None:
+        """Grant ``name`` to ``holder`` for ``ttl`` seconds if it is free or expired.
+
+        Returns the new :class:`Lease` (with a fresh, larger token), or ``None`` if another holder
+        has a live lease. If ``holder`` already holds it, the lease is extended, the token kept.
+        """
+
+    @abstractmethod
+    def renew(self, lease: Lease, ttl: float | None = None) -> Lease | None:
+        """Extend ``lease`` to ``ttl`` (default ``lease.ttl``) seconds from now, server time.
+
+        Returns the renewed lease, or ``None`` if the stored holder or token differs (or the lease
+        expired): the caller has lost it and must stop acting on it.
+        """
+
+    @abstractmethod
+    def release(self, lease: Lease) -> bool:
+        """Free ``lease`` now and wake :meth:`wait_for_release` waiters.
+
+        Returns ``False`` (and changes nothing) unless the stored holder and token equal the
+        lease's. The fencing counter is kept, so the next grant gets a larger token.
+        """
+
+    @abstractmethod
+    def inspect(self, name: str) -> LeaseState | None:
+        """The live lease of ``name`` with its remaining time, or ``None`` if it is free."""
+
+    @abstractmethod
+    def wait_for_release(
+        self, name: str, timeout: float, wake: threading.Event | None = None
+    ) -> bool:
+        """Block until ``name`` is released, ``timeout`` passes, or ``wake`` is set.
+
+        Returns ``True`` if a release was observed. Backends with notifications wake within
+        milliseconds of a release; others may poll at most every ``timeout``. ``wake`` lets the
+        caller interrupt the wait (for example on ``stop()``); it is set, never cleared, by the
+        backend.
+        """
+
+    def contend(self, name: str, holder: str, ttl: float) -> Lease | LeaseState | None:
+        """Try to acquire; on failure say who holds it, ideally in one round trip.
+
+        Returns the new :class:`Lease`, the current holder's :class:`LeaseState`, or ``None`` if
+        the lease was held but vanished before it could be inspected. The default does two calls;
+        backends override it with one.
+        """
+        lease = self.try_acquire(name, holder, ttl)
+        if lease is not None:
+            return lease
+        return self.inspect(name)
+
+    def describe(self) -> str:
+        """A short description for logs, with any credentials redacted."""
+        return type(self).__name__
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends own nothing
+        """Release resources this backend created (never a client passed in by the caller)."""
+
+    def __enter__(self) -> LeaseBackend:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def validate_lease_args(name: str, holder: str | None = None, ttl: float | None = None) -> None:
+    """Reject bad arguments before any I/O, naming the bad value."""
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"lease name must be a non-empty string, got {name!r}")
+    if holder is not None and (not isinstance(holder, str) or not holder):
+        raise ConfigurationError(f"lease holder must be a non-empty string, got {holder!r}")
+    if ttl is not None and (
+        isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0
+    ):
+        raise ConfigurationError(f"lease ttl must be a positive number of seconds, got {ttl!r}")

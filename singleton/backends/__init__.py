@@ -1,0 +1,1 @@
+"""Lease backends. Import the concrete classes from :mod:`singleton`."""

@@ -1,0 +1,136 @@
+"""Test doubles for singleton and for code built on it: a controllable clock and an in-memory
+lease backend that keeps the full :class:`~singleton.abc.LeaseBackend` contract.
+
+    clock = FakeClock()
+    backend = MemoryLeaseBackend(clock=clock)
+    lease = backend.try_acquire("job", "a/1", ttl=10)
+    clock.advance(10)                       # exactly at expiry the lease is free
+    assert backend.try_acquire("job", "b/1", ttl=10).token == lease.token + 1
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from singleton.abc import Lease, LeaseBackend, LeaseState, validate_lease_args
+from singleton.backends._notify import ReleaseNotifier
+from singleton.clock import SYSTEM_CLOCK, Clock
+
+
+class FakeClock:
+    """A clock that only moves when told to. Thread-safe."""
+
+    def __init__(self, start: float = 1_000.0, wall_offset: float = 1_700_000_000.0) -> None:
+        self._now = float(start)
+        self._wall_offset = wall_offset
+        self._lock = threading.Lock()
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._now
+
+    def time(self) -> float:
+        with self._lock:
+            return self._now + self._wall_offset
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"a monotonic clock cannot go backwards (advance({seconds!r}))")
+        with self._lock:
+            self._now += seconds
+
+
+@dataclass
+class _Entry:
+    holder: str
+    token: int
+    expires_at: float
+
+
+class MemoryLeaseBackend(LeaseBackend):
+    """The contract in one process, with expiry on the injected clock (exact at the boundary:
+    a lease granted at ``t`` with ``ttl`` is live for ``t <= now < t + ttl``)."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock = clock or SYSTEM_CLOCK
+        self._lock = threading.Lock()
+        self._leases: dict[str, _Entry] = {}
+        self._counters: dict[str, int] = {}
+        self._notifier = ReleaseNotifier()
+        #: Every operation, for tests that count round trips: (operation, name).
+        self.calls: list[tuple[str, str]] = []
+
+    def _live(self, name: str) -> _Entry | None:
+        entry = self._leases.get(name)
+        if entry is not None and self._clock.monotonic() >= entry.expires_at:
+            del self._leases[name]
+            return None
+        return entry
+
+    def try_acquire(self, name: str, holder: str, ttl: float) -> Lease | None:
+        validate_lease_args(name, holder, ttl)
+        with self._lock:
+            self.calls.append(("acquire", name))
+            entry = self._live(name)
+            now = self._clock.monotonic()
+            if entry is None:
+                token = self._counters.get(name, 0) + 1
+                self._counters[name] = token
+                self._leases[name] = _Entry(holder, token, now + ttl)
+                return Lease(name, holder, token, ttl)
+            if entry.holder == holder:
+                entry.expires_at = now + ttl
+                return Lease(name, holder, entry.token, ttl)
+            return None
+
+    def renew(self, lease: Lease, ttl: float | None = None) -> Lease | None:
+        ttl = lease.ttl if ttl is None else ttl
+        validate_lease_args(lease.name, lease.holder, ttl)
+        with self._lock:
+            self.calls.append(("renew", lease.name))
+            entry = self._live(lease.name)
+            if entry is None or entry.holder != lease.holder or entry.token != lease.token:
+                return None
+            entry.expires_at = self._clock.monotonic() + ttl
+            return Lease(lease.name, lease.holder, lease.token, ttl)
+
+    def release(self, lease: Lease) -> bool:
+        with self._lock:
+            self.calls.append(("release", lease.name))
+            entry = self._live(lease.name)
+            if entry is None or entry.holder != lease.holder or entry.token != lease.token:
+                return False
+            del self._leases[lease.name]
+        self._notifier.notify(lease.name)
+        return True
+
+    def inspect(self, name: str) -> LeaseState | None:
+        validate_lease_args(name)
+        with self._lock:
+            self.calls.append(("inspect", name))
+            entry = self._live(name)
+            if entry is None:
+                return None
+            remaining = entry.expires_at - self._clock.monotonic()
+            return LeaseState(name, entry.holder, entry.token, remaining)
+
+    def contend(self, name: str, holder: str, ttl: float) -> Lease | LeaseState | None:
+        lease = self.try_acquire(name, holder, ttl)
+        if lease is not None:
+            return lease
+        with self._lock:
+            entry = self._live(name)
+            if entry is None:
+                return None
+            return LeaseState(name, entry.holder, entry.token, entry.expires_at - self._clock.monotonic())
+
+    def wait_for_release(
+        self, name: str, timeout: float, wake: threading.Event | None = None
+    ) -> bool:
+        return self._notifier.wait(name, timeout, wake)
+
+    def expire(self, name: str) -> None:
+        """Forget the live lease of ``name`` without notifying, as a crashed holder's expiry."""
+        with self._lock:
+            self._leases.pop(name, None)

@@ -1,0 +1,104 @@
+"""Shared fixtures: real servers started once per session on free ports, and one ``backend``
+fixture parametrized over every lease backend (APScheduler's conftest pattern)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from singleton.abc import LeaseBackend
+from singleton.embedded import ElasticServer, MongoServer, RedisServer
+from singleton.testing import MemoryLeaseBackend
+
+BACKENDS = ["memory", "fakeredis", "redis", "mongo"]
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    assert not server.fake, "redis-server must be on PATH for the real-server tests (make sysdeps)"
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def mongo_server() -> Iterator[MongoServer]:
+    with MongoServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def es_server() -> Iterator[ElasticServer]:
+    with ElasticServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def mongo_url(mongo_server: MongoServer) -> str:
+    return mongo_server.url
+
+
+@pytest.fixture
+def es_url(es_server: ElasticServer) -> str:
+    return es_server.url
+
+
+@pytest.fixture
+def unique() -> str:
+    """A fresh suffix, so tests sharing a server never share keys, collections or indices."""
+    return uuid.uuid4().hex[:12]
+
+
+def make_backend(kind: str, request: pytest.FixtureRequest, unique: str) -> LeaseBackend:
+    if kind == "memory":
+        return MemoryLeaseBackend()
+    if kind == "fakeredis":
+        import fakeredis
+
+        from singleton.backends.redis import RedisLeaseBackend
+
+        return RedisLeaseBackend(fakeredis.FakeRedis(), namespace=f"t{unique}")
+    if kind == "redis":
+        from singleton.backends.redis import RedisLeaseBackend
+
+        url = request.getfixturevalue("redis_url")
+        return RedisLeaseBackend(url, namespace=f"t{unique}")
+    if kind == "mongo":
+        from singleton.backends.mongo import MongoLeaseBackend
+
+        url = request.getfixturevalue("mongo_url")
+        return MongoLeaseBackend(url, database=f"t{unique}")
+    raise ValueError(kind)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, unique: str) -> Iterator[LeaseBackend]:
+    """Every lease backend, each against a real server where it has one."""
+    b = make_backend(request.param, request, unique)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@pytest.fixture
+def backend_factory(request: pytest.FixtureRequest, unique: str) -> Iterator[Any]:
+    """``backend_factory(kind)``: more backends of a kind sharing the same keys (several replicas)."""
+    made: list[LeaseBackend] = []
+
+    def make(kind: str) -> LeaseBackend:
+        b = make_backend(kind, request, unique)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.close()
