@@ -1,0 +1,202 @@
+"""The class users subclass: a MongoDB change-stream listener that runs only while elected.
+
+Subclass :class:`ChangeStreamListener`, implement :meth:`~ChangeStreamListener.handle_batch`, and
+hand it to a runner (``listeners.runner.ListenerRunner``) or to ``singleton run``. The runner
+opens the stream where the previous leader's checkpoint says, calls ``handle_batch`` with events in
+oplog order, and saves the resume token only after ``handle_batch`` returned: a batch is
+acknowledged by returning, so a listener that buffers must flush before it returns.
+
+Failure model: the process may lose its lease at any moment. ``ctx.check()`` raises
+:class:`singleton.LeaseLostError` once the tenure is over; call it before any side effect that a
+successor could duplicate, and pass ``ctx.token`` (the fencing token) to sinks that can fence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+
+from loguru import logger as _logger
+
+from singleton.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from loguru import Logger
+    from pymongo import MongoClient
+
+    from singleton.leadership import Leadership
+
+#: A change event as pymongo returns it (``_id`` is the event's resume token).
+ChangeEvent = Mapping[str, Any]
+
+HistoryLostPolicy = Literal["fail", "resync", "resume_from_now"]
+PoisonPolicy = Literal["dead_letter", "stop"]
+StopReason = Literal["released", "expired", "lost", "stopped", "error"]
+
+
+class ProgressStore(Protocol):
+    """Fenced storage for a listener's own progress (for example a resumable initial copy).
+    The checkpoint stores implement it next to the resume token."""
+
+    def load_progress(self, name: str) -> dict[str, Any] | None: ...
+
+    def save_progress(
+        self, name: str, data: Mapping[str, Any] | None, leadership: Leadership
+    ) -> None:
+        """Store ``data`` (``None`` clears it); raises StaleWriterError for an older token."""
+        ...
+
+
+@dataclass
+class ListenerContext:
+    """What a listener gets with every call: the tenure it acts under, and its resources."""
+
+    leadership: Leadership
+    client: MongoClient[dict[str, Any]]
+    logger: Logger
+    listener_name: str
+    progress: ProgressStore | None = None
+    #: Free-form per-tenure state for the listener's own use.
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def token(self) -> int:
+        """The fencing token of this tenure: pass it to every fenced write."""
+        return self.leadership.token
+
+    def valid(self) -> bool:
+        return self.leadership.valid()
+
+    def check(self) -> None:
+        """Raise :class:`singleton.LeaseLostError` if this tenure is over."""
+        self.leadership.check()
+
+    def load_progress(self) -> dict[str, Any] | None:
+        return None if self.progress is None else self.progress.load_progress(self.listener_name)
+
+    def save_progress(self, data: Mapping[str, Any] | None) -> None:
+        """Save listener progress, fenced by this tenure's token (checked first)."""
+        self.check()
+        if self.progress is not None:
+            self.progress.save_progress(self.listener_name, data, self.leadership)
+
+
+class ChangeStreamListener:
+    """Base class for listeners. Options are class attributes, overridable per instance by
+    keyword arguments (which is how ``singleton.toml`` ``[[listeners]]`` tables reach it)::
+
+        class OrdersToAudit(ChangeStreamListener):
+            database = "shop"
+            collection = "orders"
+
+            def handle_batch(self, events, ctx):
+                audit.insert_many([dict(e) for e in events])
+    """
+
+    #: Lease and checkpoint key; defaults to ``database.collection``.
+    name: str | None = None
+    database: str | None = None
+    #: ``None`` watches the whole database.
+    collection: str | None = None
+    pipeline: Sequence[Mapping[str, Any]] = ()
+    full_document: str | None = "updateLookup"
+    batch_size: int = 500
+    #: Seconds to wait for more events before handing a partial batch over.
+    max_batch_wait: float = 0.2
+    on_history_lost: HistoryLostPolicy = "fail"
+    on_poison: PoisonPolicy = "dead_letter"
+    max_retries: int = 3
+
+    #: Keyword arguments accepted besides the options above (subclasses extend it).
+    extra_options: ClassVar[frozenset[str]] = frozenset()
+    _base_options: ClassVar[frozenset[str]] = frozenset(
+        {
+            "name", "database", "collection", "pipeline", "full_document", "batch_size",
+            "max_batch_wait", "on_history_lost", "on_poison", "max_retries",
+        }
+    )
+
+    def __init__(self, **options: Any) -> None:
+        allowed = self._base_options | self.extra_options
+        for key, value in options.items():
+            if key not in allowed:
+                raise ConfigurationError(
+                    f"{type(self).__name__} got an unknown option {key!r}; known options: "
+                    f"{', '.join(sorted(allowed))}"
+                )
+            setattr(self, key, value)
+        self._validate()
+
+    def _validate(self) -> None:
+        cls = type(self).__name__
+        if not isinstance(self.database, str) or not self.database:
+            raise ConfigurationError(f"{cls}.database must be a database name, got {self.database!r}")
+        if self.collection is not None and (not isinstance(self.collection, str) or not self.collection):
+            raise ConfigurationError(f"{cls}.collection must be a name or None, got {self.collection!r}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigurationError(f"{cls}.batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if (
+            isinstance(self.max_batch_wait, bool)
+            or not isinstance(self.max_batch_wait, (int, float))
+            or self.max_batch_wait < 0
+        ):
+            raise ConfigurationError(
+                f"{cls}.max_batch_wait must be a number of seconds >= 0, got {self.max_batch_wait!r}"
+            )
+        if self.on_history_lost not in ("fail", "resync", "resume_from_now"):
+            raise ConfigurationError(
+                f"{cls}.on_history_lost must be fail, resync or resume_from_now, got "
+                f"{self.on_history_lost!r}"
+            )
+        if self.on_poison not in ("dead_letter", "stop"):
+            raise ConfigurationError(
+                f"{cls}.on_poison must be dead_letter or stop, got {self.on_poison!r}"
+            )
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise ConfigurationError(f"{cls}.max_retries must be an integer >= 0, got {self.max_retries!r}")
+        if self.full_document not in (None, "default", "updateLookup", "whenAvailable", "required"):
+            raise ConfigurationError(f"{cls}.full_document is not a valid mode: {self.full_document!r}")
+        if self.name is None:
+            self.name = f"{self.database}.{self.collection or '*'}"
+
+    @property
+    def lease_name(self) -> str:
+        """The lease and checkpoint key."""
+        assert self.name is not None
+        return self.name
+
+    # -- what users implement --------------------------------------------------------------
+    def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
+        """Process ``events`` (oplog order). Return only when they are durably handled: the
+        runner checkpoints past them as soon as this returns. Raise to have the batch retried."""
+        raise NotImplementedError(f"{type(self).__name__} must implement handle_batch()")
+
+    # -- optional hooks ----------------------------------------------------------------------
+    def on_start(self, ctx: ListenerContext) -> None:
+        """Called when a tenure starts, before the stream opens."""
+
+    def on_stop(self, ctx: ListenerContext, reason: StopReason) -> None:
+        """Called when a tenure's stream has stopped (after the last checkpoint, if any)."""
+
+    def on_invalidate(self, event: ChangeEvent, ctx: ListenerContext) -> None:
+        """The watched collection was dropped or renamed; the runner then continues with
+        ``start_after`` this event."""
+
+    def initial_sync(self, ctx: ListenerContext) -> None:
+        """Copy existing data when there is no checkpoint yet (and for ``resync``).
+
+        The runner takes the cluster time *before* calling this and streams from it afterwards,
+        so writes made during the copy are not missed. Not overriding it means "no copy"."""
+        raise NotImplementedError
+
+    @classmethod
+    def has_initial_sync(cls) -> bool:
+        return cls.initial_sync is not ChangeStreamListener.initial_sync
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+def default_logger() -> Logger:
+    return _logger
