@@ -112,8 +112,16 @@ class ChangeStreamListener:
     extra_options: ClassVar[frozenset[str]] = frozenset()
     _base_options: ClassVar[frozenset[str]] = frozenset(
         {
-            "name", "database", "collection", "pipeline", "full_document", "batch_size",
-            "max_batch_wait", "on_history_lost", "on_poison", "max_retries",
+            "name",
+            "database",
+            "collection",
+            "pipeline",
+            "full_document",
+            "batch_size",
+            "max_batch_wait",
+            "on_history_lost",
+            "on_poison",
+            "max_retries",
         }
     )
 
@@ -131,18 +139,30 @@ class ChangeStreamListener:
     def _validate(self) -> None:
         cls = type(self).__name__
         if not isinstance(self.database, str) or not self.database:
-            raise ConfigurationError(f"{cls}.database must be a database name, got {self.database!r}")
-        if self.collection is not None and (not isinstance(self.collection, str) or not self.collection):
-            raise ConfigurationError(f"{cls}.collection must be a name or None, got {self.collection!r}")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigurationError(f"{cls}.batch_size must be an integer >= 1, got {self.batch_size!r}")
+            raise ConfigurationError(
+                f"{cls}.database must be a database name, got {self.database!r}"
+            )
+        if self.collection is not None and (
+            not isinstance(self.collection, str) or not self.collection
+        ):
+            raise ConfigurationError(
+                f"{cls}.collection must be a name or None, got {self.collection!r}"
+            )
+        if (
+            isinstance(self.batch_size, bool)
+            or not isinstance(self.batch_size, int)
+            or self.batch_size < 1
+        ):
+            raise ConfigurationError(
+                f"{cls}.batch_size must be an integer >= 1, got {self.batch_size!r}"
+            )
         if (
             isinstance(self.max_batch_wait, bool)
             or not isinstance(self.max_batch_wait, (int, float))
             or self.max_batch_wait < 0
         ):
             raise ConfigurationError(
-                f"{cls}.max_batch_wait must be a number of seconds >= 0, got {self.max_batch_wait!r}"
+                f"{cls}.max_batch_wait must be seconds >= 0, got {self.max_batch_wait!r}"
             )
         if self.on_history_lost not in ("fail", "resync", "resume_from_now"):
             raise ConfigurationError(
@@ -153,10 +173,18 @@ class ChangeStreamListener:
             raise ConfigurationError(
                 f"{cls}.on_poison must be dead_letter or stop, got {self.on_poison!r}"
             )
-        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
-            raise ConfigurationError(f"{cls}.max_retries must be an integer >= 0, got {self.max_retries!r}")
+        if (
+            isinstance(self.max_retries, bool)
+            or not isinstance(self.max_retries, int)
+            or self.max_retries < 0
+        ):
+            raise ConfigurationError(
+                f"{cls}.max_retries must be an integer >= 0, got {self.max_retries!r}"
+            )
         if self.full_document not in (None, "default", "updateLookup", "whenAvailable", "required"):
-            raise ConfigurationError(f"{cls}.full_document is not a valid mode: {self.full_document!r}")
+            raise ConfigurationError(
+                f"{cls}.full_document is not a valid mode: {self.full_document!r}"
+            )
         if self.name is None:
             self.name = f"{self.database}.{self.collection or '*'}"
 

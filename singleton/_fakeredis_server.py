@@ -7,7 +7,7 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from fakeredis import TcpFakeServer  # type: ignore[attr-defined]
+    from fakeredis import TcpFakeServer
 
     port = int(argv[1]) if len(argv) > 1 else 6379
     server = TcpFakeServer(("127.0.0.1", port), server_type="redis")

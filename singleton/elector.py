@@ -101,8 +101,12 @@ class Elector:
             raise ConfigurationError(f"identity must be a non-empty string, got {identity!r}")
         ttl_f = _number("ttl", ttl)
         assert ttl_f is not None
-        interval = _number("renew_interval", ttl_f / 3 if renew_interval is None else renew_interval)
-        deadline = _number("renew_deadline", 2 * ttl_f / 3 if renew_deadline is None else renew_deadline)
+        interval = _number(
+            "renew_interval", ttl_f / 3 if renew_interval is None else renew_interval
+        )
+        deadline = _number(
+            "renew_deadline", 2 * ttl_f / 3 if renew_deadline is None else renew_deadline
+        )
         retry = _number("retry_interval", retry_interval)
         tenure = _number("max_tenure", max_tenure, allow_none=True)
         cool = _number("cooldown", retry if cooldown is None else cooldown)
@@ -135,7 +139,9 @@ class Elector:
         self.retry_interval = retry
         self.max_tenure = tenure
         self.cooldown = cool
-        drain = _number("release_timeout", deadline / 2 if release_timeout is None else release_timeout)
+        drain = _number(
+            "release_timeout", deadline / 2 if release_timeout is None else release_timeout
+        )
         assert drain is not None
         if drain <= 0:
             raise ConfigurationError(f"release_timeout must be > 0, got {drain!r}")
@@ -213,7 +219,11 @@ class Elector:
         logger.info(
             "elector starting: lease={} identity={} ttl={} renew_interval={} renew_deadline={}"
             " backend={}",
-            self.name, self.identity, self.ttl, self.renew_interval, self.renew_deadline,
+            self.name,
+            self.identity,
+            self.ttl,
+            self.renew_interval,
+            self.renew_deadline,
             self.backend.describe(),
         )
         for target, suffix in ((self._run, "elector"), (self._watch, "watchdog")):
@@ -319,7 +329,11 @@ class Elector:
             retry = min(self.renew_interval, self.retry_interval) / 2
             logger.warning(
                 "renew failed, retrying in {:.2f}s: lease={} token={} valid_for={:.2f}s: {}",
-                retry, self.name, ld.token, ld.remaining(), exc,
+                retry,
+                self.name,
+                ld.token,
+                ld.remaining(),
+                exc,
             )
             self._next_renew = self._clock.monotonic() + retry
             return False
@@ -358,7 +372,8 @@ class Elector:
             if release:
                 logger.warning(
                     "not releasing: lease={} token={}: drain did not finish; it will expire",
-                    self.name, ld.token,
+                    self.name,
+                    ld.token,
                 )
             return
         try:
@@ -367,7 +382,10 @@ class Elector:
             logger.warning("release failed (lease will expire): lease={}: {}", self.name, exc)
             return
         logger.info(
-            "released: lease={} identity={} token={} ok={}", self.name, self.identity, ld.token,
+            "released: lease={} identity={} token={} ok={}",
+            self.name,
+            self.identity,
+            ld.token,
             released,
         )
 
@@ -385,7 +403,9 @@ class Elector:
         if not done.wait(self.release_timeout):
             logger.error(
                 "before_release did not finish within {}s: lease={} token={}",
-                self.release_timeout, self.name, ld.token,
+                self.release_timeout,
+                self.name,
+                ld.token,
             )
             return False
         return ld.valid()
@@ -402,7 +422,13 @@ class Elector:
             self._wake.set()
             self._cv.notify_all()
         log = logger.warning if reason in ("expired", "lost") else logger.info
-        log("demoted ({}): lease={} identity={} token={}", reason, self.name, self.identity, ld.token)
+        log(
+            "demoted ({}): lease={} identity={} token={}",
+            reason,
+            self.name,
+            self.identity,
+            ld.token,
+        )
         self._fire(self._on_lost, ld, reason)
 
     def _check_deadline(self) -> None:
@@ -425,7 +451,11 @@ class Elector:
         delay = self._jittered(delay)
         logger.warning(
             "{} failed (attempt {}), retrying in {:.2f}s: lease={}: {}",
-            what, self._failures, delay, self.name, exc,
+            what,
+            self._failures,
+            delay,
+            self.name,
+            exc,
         )
         return delay
 
@@ -507,4 +537,3 @@ class Elector:
         ld = self._leadership
         state = f"leader token={ld.token}" if ld is not None and ld.valid() else "follower"
         return f"<Elector {self.name!r} {self.identity!r} {state}>"
-

@@ -71,7 +71,9 @@ class EmbeddedServer:
 
     kind = "server"
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_dir: str | None = None):
+    def __init__(
+        self, port: int | None = None, host: str = "127.0.0.1", log_dir: str | None = None
+    ):
         self.host = host
         self.port = port or free_port(host)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -115,8 +117,12 @@ class EmbeddedServer:
             wait_until(up, timeout, what=f"{self.kind} on port {self.port}")
         except BackendUnavailableError:
             self.stop()
-            tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
-            raise BackendUnavailableError(f"{self.kind} did not start on port {self.port}: {tail}")
+            tail = (
+                self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+            )
+            raise BackendUnavailableError(
+                f"{self.kind} did not start on port {self.port}: {tail}"
+            ) from None
         return self
 
     def stop(self) -> None:
@@ -173,7 +179,7 @@ class RedisServer(EmbeddedServer):
     kind = "redis"
 
     def __init__(self, port: int | None = None, *, binary: str | None = None, **kw: str) -> None:
-        super().__init__(port, **kw)  # type: ignore[arg-type]
+        super().__init__(port, **kw)
         self.binary = binary or shutil.which("redis-server")
 
     @property
@@ -184,8 +190,17 @@ class RedisServer(EmbeddedServer):
         if self.binary is None:
             return [sys.executable, "-m", "singleton._fakeredis_server", str(self.port)]
         return [
-            self.binary, "--port", str(self.port), "--bind", self.host, "--save", "",
-            "--appendonly", "no", "--dir", self._tmp,
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            self.host,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._tmp,
         ]
 
     def ready(self) -> bool:
@@ -213,7 +228,7 @@ class MongoServer(EmbeddedServer):
         extra_args: Sequence[str] = (),
         **kw: str,
     ) -> None:
-        super().__init__(port, **kw)  # type: ignore[arg-type]
+        super().__init__(port, **kw)
         self.storage_path = storage_path or os.path.join(self._tmp, "data")
         self.oplog_max_entries = oplog_max_entries
         self.test_commands = test_commands
@@ -221,8 +236,17 @@ class MongoServer(EmbeddedServer):
 
     def command(self) -> Sequence[str]:
         cmd = [
-            sys.executable, "-m", "secantus", "--host", self.host, "--port", str(self.port),
-            "--storage-path", self.storage_path, "--log-level", "WARNING",
+            sys.executable,
+            "-m",
+            "secantus",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--storage-path",
+            self.storage_path,
+            "--log-level",
+            "WARNING",
         ]
         if self.oplog_max_entries is not None:
             cmd += ["--oplog-max-entries", str(self.oplog_max_entries)]
@@ -260,8 +284,12 @@ class ElasticServer(EmbeddedServer):
                 "osmem-server)"
             ) from exc
         return [
-            resolve_binary(), "-addr", f"{self.host}:{self.port}", "-no-stdin-watch",
-            "-parent-pid", str(os.getpid()),
+            resolve_binary(),
+            "-addr",
+            f"{self.host}:{self.port}",
+            "-no-stdin-watch",
+            "-parent-pid",
+            str(os.getpid()),
         ]
 
     def ready(self) -> bool:

@@ -31,7 +31,7 @@ class BackendUnavailableError(BackendError):
 
 
 class PermissionDeniedError(BackendError):
-    """The backend refused the credentials or the operation. Not transient: fix the configuration."""
+    """The backend refused the credentials or the operation. Not transient: fix the config."""
 
 
 class StaleWriterError(LeaseLostError):

@@ -123,7 +123,9 @@ class MemoryLeaseBackend(LeaseBackend):
             entry = self._live(name)
             if entry is None:
                 return None
-            return LeaseState(name, entry.holder, entry.token, entry.expires_at - self._clock.monotonic())
+            return LeaseState(
+                name, entry.holder, entry.token, entry.expires_at - self._clock.monotonic()
+            )
 
     def wait_for_release(
         self, name: str, timeout: float, wake: threading.Event | None = None

@@ -62,7 +62,6 @@ def make_backend(kind: str, request: pytest.FixtureRequest, unique: str) -> Leas
         return MemoryLeaseBackend()
     if kind == "fakeredis":
         import fakeredis
-
         from singleton.backends.redis import RedisLeaseBackend
 
         return RedisLeaseBackend(fakeredis.FakeRedis(), namespace=f"t{unique}")
@@ -91,7 +90,7 @@ def backend(request: pytest.FixtureRequest, unique: str) -> Iterator[LeaseBacken
 
 @pytest.fixture
 def backend_factory(request: pytest.FixtureRequest, unique: str) -> Iterator[Any]:
-    """``backend_factory(kind)``: more backends of a kind sharing the same keys (several replicas)."""
+    """``backend_factory(kind)``: more backends of one kind on the same keys (replicas)."""
     made: list[LeaseBackend] = []
 
     def make(kind: str) -> LeaseBackend:
