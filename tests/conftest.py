@@ -92,8 +92,11 @@ def backend(request: pytest.FixtureRequest, unique: str) -> Iterator[LeaseBacken
 def backend_factory(request: pytest.FixtureRequest, unique: str) -> Iterator[Any]:
     """``backend_factory(kind)``: more backends of one kind on the same keys (replicas)."""
     made: list[LeaseBackend] = []
+    memory = MemoryLeaseBackend()  # one in-process "server" shared by this test's replicas
 
     def make(kind: str) -> LeaseBackend:
+        if kind == "memory":
+            return memory
         b = make_backend(kind, request, unique)
         made.append(b)
         return b
