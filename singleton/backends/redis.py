@@ -1,0 +1,362 @@
+"""Fenced leases on Redis (>= 6) or fakeredis: one Lua script per operation.
+
+Layout, under ``namespace`` (default ``singleton``):
+
+* ``<ns>:lease:<name>``: a string ``"<token>:<holder>"`` with a PX expiry. The token comes first
+  because it is all digits, so the first ``:`` splits it from any holder. Comparing the whole
+  value compares holder *and* token in one step.
+* ``<ns>:fence:<name>``: the fencing counter, ``INCR``-ed on every new grant, never expiring, never
+  deleted by a release.
+* ``<ns>:released``: a pub/sub channel; a release publishes the lease name on it.
+
+Failure model: Redis expires keys by its own clock, so expiry needs no agreement between client
+clocks. A lost or late reply is an unknown outcome and raises ``BackendUnavailableError``. Redis
+replication is asynchronous: a failover (Sentinel, cluster) may lose a lease key, and the
+fencing counter with it (see the Redis docs on distributed locks); run one primary, or accept it.
+The pub/sub subscription only shortens waits: if it is down, waiters fall back to their timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+import redis.exceptions as rex
+from loguru import logger
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from singleton.abc import Lease, LeaseBackend, LeaseState, validate_lease_args
+from singleton.backends._notify import ReleaseNotifier
+from singleton.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+    PermissionDeniedError,
+)
+
+# KEYS[1] lease key, KEYS[2] fencing counter key
+# ARGV[1] holder, ARGV[2] ttl in milliseconds
+# Returns {1, token} when granted (a new token if the lease was free, the kept token if ARGV[1]
+# already held it, extended), else {0, token, holder, pttl_ms} of the live lease.
+ACQUIRE = """
+local current = redis.call('GET', KEYS[1])
+if not current then
+  local token = redis.call('INCR', KEYS[2])
+  redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2])
+  return {1, token}
+end
+local sep = string.find(current, ':', 1, true)
+local token = tonumber(string.sub(current, 1, sep - 1))
+local holder = string.sub(current, sep + 1)
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, token}
+end
+return {0, token, holder, redis.call('PTTL', KEYS[1])}
+"""
+
+# KEYS[1] lease key
+# ARGV[1] expected value "<token>:<holder>", ARGV[2] ttl in milliseconds
+# Returns 1 if the stored value matched and the expiry was reset, else 0 (changed nothing).
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# KEYS[1] lease key
+# ARGV[1] expected value "<token>:<holder>", ARGV[2] channel, ARGV[3] lease name
+# Returns 1 if the stored value matched: the lease key is deleted (the fencing counter is kept)
+# and the name is published on the channel; else 0 (changed nothing).
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  return 1
+end
+return 0
+"""
+
+# KEYS[1] lease key
+# Returns false if the lease is free, else {token, holder, pttl_ms}.
+INSPECT = """
+local current = redis.call('GET', KEYS[1])
+if not current then
+  return false
+end
+local sep = string.find(current, ':', 1, true)
+return {tonumber(string.sub(current, 1, sep - 1)), string.sub(current, sep + 1),
+        redis.call('PTTL', KEYS[1])}
+"""
+
+DEFAULT_TIMEOUT = 2.0
+#: How long the pub/sub thread blocks per read; bounds how late ``close()`` ends it.
+POLL = 0.5
+#: Silence on the subscription after which the thread pings it (and reconnects if still silent).
+HEALTH_INTERVAL = 30.0
+MAX_BACKOFF = 5.0
+
+_PERMISSION = (rex.AuthenticationError, rex.AuthorizationError, rex.NoPermissionError)
+_UNAVAILABLE = (rex.ConnectionError, rex.TimeoutError, rex.BusyLoadingError, rex.ReadOnlyError)
+_PERMISSION_PREFIXES = ("NOAUTH", "WRONGPASS", "NOPERM")
+
+
+def redact(url: str) -> str:
+    """The URL with its password (userinfo or ``?password=``) replaced by ``***``."""
+    url = re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
+    match = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#]*)@", url)
+    if match is None:
+        return url
+    user, colon, _ = match.group(2).partition(":")
+    # A userinfo without ':' may well be a bare password: hide it too.
+    userinfo = f"{user}:***" if colon else "***"
+    return f"{match.group(1)}{userinfo}@{url[match.end() :]}"
+
+
+def _ms(ttl: float) -> int:
+    return max(1, math.ceil(round(ttl * 1000, 6)))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisLeaseBackend(LeaseBackend):
+    """Leases on Redis. Pass a ``redis.Redis`` client (never closed here) or a URL (the client
+    built from it has bounded socket timeouts and is closed by :meth:`close`)."""
+
+    def __init__(
+        self,
+        client_or_url: redis.Redis | str,
+        namespace: str = "singleton",
+        *,
+        socket_timeout: float = DEFAULT_TIMEOUT,
+        socket_connect_timeout: float = DEFAULT_TIMEOUT,
+        retries: int = 1,
+    ) -> None:
+        if not isinstance(namespace, str) or not namespace:
+            raise ConfigurationError(f"namespace must be a non-empty string, got {namespace!r}")
+        for label, value in (
+            ("socket_timeout", socket_timeout),
+            ("socket_connect_timeout", socket_connect_timeout),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigurationError(f"{label} must be a positive number, got {value!r}")
+        self.namespace = namespace
+        self._owned = isinstance(client_or_url, str)
+        if isinstance(client_or_url, str):
+            self._url = redact(client_or_url)
+            if urlsplit(client_or_url).scheme not in ("redis", "rediss", "unix"):
+                raise ConfigurationError(
+                    f"not a Redis URL (redis://, rediss:// or unix://): {self._url}"
+                )
+            try:
+                self._client: redis.Redis = redis.Redis.from_url(
+                    client_or_url,
+                    socket_timeout=socket_timeout,
+                    socket_connect_timeout=socket_connect_timeout,
+                    socket_keepalive=True,
+                    # Only a stale pooled connection is worth an immediate retry; the Elector
+                    # owns every other retry (with backoff) and its renew deadline.
+                    retry=Retry(NoBackoff(), retries),
+                )
+            except (ValueError, rex.RedisError) as exc:
+                raise ConfigurationError(f"invalid Redis URL {self._url}: {exc}") from None
+        elif isinstance(client_or_url, redis.Redis):
+            self._client = client_or_url
+            self._url = self._client_url(client_or_url)
+        else:
+            raise ConfigurationError(
+                f"expected a redis.Redis client or a URL string, got {type(client_or_url)!r}"
+            )
+        self._channel = f"{namespace}:released"
+        self._acquire = self._client.register_script(ACQUIRE)
+        self._renew = self._client.register_script(RENEW)
+        self._release = self._client.register_script(RELEASE)
+        self._inspect = self._client.register_script(INSPECT)
+        self._notifier = ReleaseNotifier()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._subscribed = threading.Event()
+        self._listener: threading.Thread | None = None
+
+    # -- the contract -----------------------------------------------------------------------
+    def try_acquire(self, name: str, holder: str, ttl: float) -> Lease | None:
+        result = self.contend(name, holder, ttl)
+        return result if isinstance(result, Lease) else None
+
+    def contend(self, name: str, holder: str, ttl: float) -> Lease | LeaseState | None:
+        validate_lease_args(name, holder, ttl)
+        with self._translate("acquire", name):
+            reply = self._acquire(
+                keys=[self._key(name), self._fence(name)], args=[holder, _ms(ttl)]
+            )
+        if int(reply[0]) == 1:
+            return Lease(name, holder, int(reply[1]), ttl)
+        return LeaseState(name, _text(reply[2]), int(reply[1]), self._seconds(reply[3]))
+
+    def renew(self, lease: Lease, ttl: float | None = None) -> Lease | None:
+        ttl = lease.ttl if ttl is None else ttl
+        validate_lease_args(lease.name, lease.holder, ttl)
+        with self._translate("renew", lease.name):
+            ok = self._renew(keys=[self._key(lease.name)], args=[self._value(lease), _ms(ttl)])
+        return Lease(lease.name, lease.holder, lease.token, ttl) if int(ok) == 1 else None
+
+    def release(self, lease: Lease) -> bool:
+        validate_lease_args(lease.name, lease.holder)
+        with self._translate("release", lease.name):
+            ok = self._release(
+                keys=[self._key(lease.name)],
+                args=[self._value(lease), self._channel, lease.name],
+            )
+        return int(ok) == 1
+
+    def inspect(self, name: str) -> LeaseState | None:
+        validate_lease_args(name)
+        with self._translate("inspect", name):
+            reply = self._inspect(keys=[self._key(name)])
+        if not reply:
+            return None
+        return LeaseState(name, _text(reply[1]), int(reply[0]), self._seconds(reply[2]))
+
+    def wait_for_release(
+        self, name: str, timeout: float, wake: threading.Event | None = None
+    ) -> bool:
+        validate_lease_args(name)
+        self._ensure_listener()
+        # Only the first waiter ever waits here, for the one SUBSCRIBE the listener sends.
+        if not self._subscribed.is_set():
+            timeout -= self._wait_subscribed(min(timeout, DEFAULT_TIMEOUT), wake)
+        if wake is not None and wake.is_set():
+            return False
+        return self._notifier.wait(name, timeout, wake)
+
+    def describe(self) -> str:
+        return f"redis {self._url} namespace={self.namespace}"
+
+    def close(self) -> None:
+        self._closed.set()
+        listener = self._listener
+        if listener is not None and listener is not threading.current_thread():
+            listener.join(POLL + DEFAULT_TIMEOUT)
+        if self._owned:
+            with contextlib.suppress(rex.RedisError, OSError):
+                self._client.close()
+
+    # -- pub/sub ---------------------------------------------------------------------------
+    def _ensure_listener(self) -> None:
+        with self._lock:
+            if self._listener is not None or self._closed.is_set():
+                return
+            self._listener = threading.Thread(
+                target=self._listen, name=f"singleton-redis-pubsub-{self.namespace}", daemon=True
+            )
+            self._listener.start()
+
+    def _wait_subscribed(self, budget: float, wake: threading.Event | None) -> float:
+        """Wait up to ``budget`` for the subscription (or ``wake``); return the time spent."""
+        start = time.monotonic()
+        step = 0.01
+        while not self._subscribed.is_set() and not self._closed.is_set():
+            left = budget - (time.monotonic() - start)
+            if left <= 0 or (wake is not None and wake.is_set()):
+                break
+            self._subscribed.wait(min(step, left))
+        return time.monotonic() - start
+
+    def _listen(self) -> None:
+        backoff = 0.1
+        while not self._closed.is_set():
+            pubsub = self._client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+            try:
+                self._pump(pubsub)
+                backoff = 0.1
+            except (rex.RedisError, OSError, ValueError) as exc:
+                self._subscribed.clear()
+                logger.warning(
+                    "release subscription lost, reconnecting in {:.1f}s: {} channel={}: {}",
+                    backoff,
+                    self._url,
+                    self._channel,
+                    exc,
+                )
+                self._closed.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+            finally:
+                self._subscribed.clear()
+                with contextlib.suppress(Exception):
+                    pubsub.close()
+
+    def _pump(self, pubsub: Any) -> None:
+        pubsub.subscribe(self._channel)
+        heard = time.monotonic()
+        pinged = False
+        while not self._closed.is_set():
+            message = pubsub.get_message(timeout=POLL)
+            now = time.monotonic()
+            if message is None:
+                silent = now - heard
+                if silent > HEALTH_INTERVAL and not pinged:
+                    pubsub.ping()
+                    pinged = True
+                elif silent > HEALTH_INTERVAL + DEFAULT_TIMEOUT and pinged:
+                    raise rex.TimeoutError(f"no answer to PING on {self._channel} in {silent:.0f}s")
+                continue
+            heard, pinged = now, False
+            kind = _text(message.get("type"))
+            if kind == "subscribe":
+                self._subscribed.set()
+                logger.debug("subscribed: {} channel={}", self._url, self._channel)
+            elif kind == "message":
+                self._notifier.notify(_text(message["data"]))
+
+    # -- helpers ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _translate(self, op: str, name: str) -> Iterator[None]:
+        where = f"redis {op} of lease {name!r} on {self._url}"
+        try:
+            yield
+        except _PERMISSION as exc:
+            raise PermissionDeniedError(f"{where}: permission denied: {exc}") from exc
+        except _UNAVAILABLE as exc:
+            raise BackendUnavailableError(f"{where}: {type(exc).__name__}: {exc}") from exc
+        except rex.ResponseError as exc:
+            if str(exc).upper().startswith(_PERMISSION_PREFIXES):
+                raise PermissionDeniedError(f"{where}: permission denied: {exc}") from exc
+            raise BackendError(f"{where}: {exc}") from exc
+        except rex.RedisError as exc:
+            raise BackendError(f"{where}: {type(exc).__name__}: {exc}") from exc
+        except OSError as exc:
+            raise BackendUnavailableError(f"{where}: {exc}") from exc
+
+    def _key(self, name: str) -> str:
+        return f"{self.namespace}:lease:{name}"
+
+    def _fence(self, name: str) -> str:
+        return f"{self.namespace}:fence:{name}"
+
+    @staticmethod
+    def _value(lease: Lease) -> str:
+        return f"{lease.token}:{lease.holder}"
+
+    @staticmethod
+    def _seconds(pttl: Any) -> float:
+        ms = int(pttl)
+        return math.inf if ms < 0 else ms / 1000
+
+    @staticmethod
+    def _client_url(client: redis.Redis) -> str:
+        kw = client.connection_pool.connection_kwargs
+        if "path" in kw:
+            return f"unix://{kw['path']}"
+        return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
