@@ -64,7 +64,12 @@ def make_backend(kind: str, request: pytest.FixtureRequest, unique: str) -> Leas
         import fakeredis
         from singleton.backends.redis import RedisLeaseBackend
 
-        return RedisLeaseBackend(fakeredis.FakeRedis(), namespace=f"t{unique}")
+        # FakeRedis() instances do not share data: one FakeServer per test plays the server.
+        server = getattr(request.node, "_singleton_fakeredis", None)
+        if server is None:
+            server = fakeredis.FakeServer()
+            request.node._singleton_fakeredis = server
+        return RedisLeaseBackend(fakeredis.FakeRedis(server=server), namespace=f"t{unique}")
     if kind == "redis":
         from singleton.backends.redis import RedisLeaseBackend
 
