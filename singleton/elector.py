@@ -23,6 +23,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from loguru import logger
@@ -47,6 +48,18 @@ class OnNewLeader(Protocol):
 
 class BeforeRelease(Protocol):
     def __call__(self, leadership: Leadership, /) -> None: ...
+
+
+@dataclass
+class ElectorStats:
+    """Counters for metrics; read without locking (monotone, approximate is fine)."""
+
+    elections: int = 0
+    losses: int = 0
+    renewals: int = 0
+    renew_failures: int = 0
+    renew_seconds_total: float = 0.0
+    last_renew_seconds: float = 0.0
 
 
 class ElectionTimeoutError(SingletonError, TimeoutError):
@@ -170,6 +183,7 @@ class Elector:
         self._failures = 0
         self._threads: list[threading.Thread] = []
         self._started = False
+        self.stats = ElectorStats()
 
     # -- public API -----------------------------------------------------------------------
     def subscribe(
@@ -326,6 +340,7 @@ class Elector:
         try:
             renewed = self.backend.renew(ld.lease, self.ttl)
         except SingletonError as exc:
+            self.stats.renew_failures += 1
             retry = min(self.renew_interval, self.retry_interval) / 2
             logger.warning(
                 "renew failed, retrying in {:.2f}s: lease={} token={} valid_for={:.2f}s: {}",
@@ -337,6 +352,10 @@ class Elector:
             )
             self._next_renew = self._clock.monotonic() + retry
             return False
+        latency = self._clock.monotonic() - sent
+        self.stats.renewals += 1
+        self.stats.renew_seconds_total += latency
+        self.stats.last_renew_seconds = latency
         if renewed is None:
             self._demote(ld, "lost")
             return False
@@ -357,6 +376,7 @@ class Elector:
                 None if self.max_tenure is None else sent + self._jittered(self.max_tenure)
             )
             self._cv.notify_all()
+        self.stats.elections += 1
         logger.info("elected: lease={} identity={} token={}", self.name, self.identity, lease.token)
         self._observe(lease.holder)
         self._fire(self._on_elected, ld)
@@ -416,6 +436,7 @@ class Elector:
                 return
             self._leadership = None
             self._tenure_end = None
+            self.stats.losses += 1
             # A fresh holder value: a lease we may still own on the server (renewed late) is left
             # to expire, so our next tenure always gets a new, larger fencing token.
             self._holder = self._new_holder()

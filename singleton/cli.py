@@ -1,0 +1,209 @@
+"""The ``singleton`` command: ``run``, ``status``, ``demo``, ``drill``.
+
+Exit codes: 0 success; 1 a verdict failed or the service failed at run time; 2 bad input (the
+message names the key, the value and the rule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from singleton.config import Config, load_config
+from singleton.errors import ConfigurationError, SingletonError
+from singleton.redact import redact
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+#: flag -> config key (top level or "table.key")
+FLAG_KEYS = {
+    "backend": "backend",
+    "redis_url": "redis_url",
+    "mongo_url": "mongo_url",
+    "es_url": "es_url",
+    "namespace": "namespace",
+    "identity": "identity",
+    "checkpoint_store": "checkpoint_store",
+    "metrics_address": "metrics_address",
+    "log_format": "log_format",
+    "log_level": "log_level",
+    "ttl": "lease.ttl",
+    "renew_interval": "lease.renew_interval",
+    "renew_deadline": "lease.renew_deadline",
+    "retry_interval": "lease.retry_interval",
+    "max_tenure": "lease.max_tenure",
+    "cooldown": "lease.cooldown",
+}
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", help="singleton.toml (default: $SINGLETON_CONFIG)")
+    p.add_argument("--backend", help="lease store: redis or mongo")
+    p.add_argument("--redis-url")
+    p.add_argument("--mongo-url")
+    p.add_argument("--es-url")
+    p.add_argument("--namespace")
+    p.add_argument("--identity", help="this replica's name (default: host-pid)")
+    p.add_argument("--checkpoint-store", help="mongo (default) or redis")
+    p.add_argument("--metrics-address", help="HOST:PORT for /metrics, /healthz, /readyz; 'off'")
+    p.add_argument("--log-format", help="text or json")
+    p.add_argument("--log-level")
+    for key in (
+        "ttl",
+        "renew_interval",
+        "renew_deadline",
+        "retry_interval",
+        "max_tenure",
+        "cooldown",
+    ):
+        p.add_argument("--" + key.replace("_", "-"), dest=key, help=f"lease {key} in seconds")
+    p.add_argument(
+        "--listener",
+        action="append",
+        default=[],
+        metavar="USE",
+        help="add a listener: alias (elasticsearch, logging) or pkg.module:Class",
+    )
+    p.add_argument(
+        "--option",
+        "-o",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option for the last --listener (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="singleton", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run one replica")
+    _common(run)
+    status = sub.add_parser("status", help="who leads each lease; where each checkpoint stands")
+    _common(status)
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--lease", action="append", default=[], help="also show this lease")
+    demo = sub.add_parser("demo", help="the whole thing on embedded servers, with a verdict")
+    demo.add_argument("--duration", type=float, default=45.0, help="seconds (default 45)")
+    demo.add_argument("--replicas", type=int, default=3)
+    demo.add_argument("--backend", default="redis", help="redis or mongo")
+    demo.add_argument("--workdir", help="keep logs and data here (default: a temp dir)")
+    demo.add_argument("--quiet", action="store_true", help="no live status lines")
+    drill = sub.add_parser("drill", help="inject failures and prove nothing was lost")
+    drill.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _parse_value(text: str) -> Any:
+    """``-o batch_size=100`` -> 100; TOML value syntax where it parses, else the raw string."""
+    from singleton.config import tomllib  # type: ignore[attr-defined]
+
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Config:
+    overrides: dict[str, Any] = {}
+    for dest, key in FLAG_KEYS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        table, _, sub = key.partition(".")
+        if sub:
+            overrides.setdefault(table, {})[sub] = value
+        else:
+            overrides[table] = value
+    listeners: list[dict[str, Any]] = []
+    for use in args.listener:
+        listeners.append({"use": use})
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigurationError(f"--option must be KEY=VALUE, got {item!r}")
+        if not listeners:
+            raise ConfigurationError(f"--option {item!r} needs a --listener before it")
+        listeners[-1][key] = _parse_value(value)
+    if listeners:
+        overrides["listeners"] = listeners
+    env = dict(os.environ) if environ is None else environ
+    path = args.config or env.get("SINGLETON_CONFIG")
+    env.pop("SINGLETON_CONFIG", None)
+    return load_config(path, env, overrides)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from singleton.logs import setup_logging
+    from singleton.metrics import MetricsServer
+    from singleton.service import Replica
+
+    config = config_from_args(args)
+    setup_logging(config.log_format, config.log_level, config.identity)
+    replica = Replica(config)
+    metrics = None
+    if config.metrics_address not in (None, "", "off"):
+        assert config.metrics_address is not None
+        metrics = MetricsServer(replica, config.metrics_address).start()
+    try:
+        return replica.run()
+    finally:
+        if metrics is not None:
+            metrics.stop()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from singleton.status import cluster_status, format_status
+
+    config = config_from_args(args)
+    status = cluster_status(config, args.lease)
+    print(json.dumps(status, default=str) if args.json else format_status(status))  # noqa: T201
+    return EXIT_FAILED if status["errors"] else EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    # The demo and the drill exercise ElasticsearchSync, so they live in `listeners`; resolved
+    # by name so that `singleton` never imports `listeners`.
+    from singleton.registry import resolve
+
+    run_demo = resolve("listeners.demo:run_demo", {}, "demo")
+    return int(
+        run_demo(
+            duration=args.duration,
+            replicas=args.replicas,
+            backend=args.backend,
+            workdir=args.workdir,
+            live=not args.quiet,
+        )
+    )
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from singleton.registry import resolve
+
+    drill_main = resolve("listeners.drill:main", {}, "drill")
+    return int(drill_main(args.args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"run": cmd_run, "status": cmd_status, "demo": cmd_demo, "drill": cmd_drill}
+    try:
+        return int(handlers[args.command](args))
+    except ConfigurationError as exc:
+        print(f"singleton: error: {redact(str(exc))}", file=sys.stderr)  # noqa: T201
+        return EXIT_USAGE
+    except SingletonError as exc:
+        print(f"singleton: failed: {redact(str(exc))}", file=sys.stderr)  # noqa: T201
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,278 @@
+"""Configuration: ``singleton.toml``, then ``SINGLETON_*`` environment variables, then flags.
+
+Everything is validated here, before anything connects; an error names the key, the value and
+the rule (the CLI turns it into exit code 2). Shape (stable; users script against it)::
+
+    backend = "redis"                       # or "mongo"
+    redis_url = "redis://127.0.0.1:6379/0"
+    mongo_url = "mongodb://127.0.0.1:27017/?replicaSet=rs0"
+    es_url = "http://127.0.0.1:9200"
+    namespace = "singleton"
+
+    [lease]
+    ttl = 15.0
+
+    [[listeners]]
+    use = "elasticsearch"                   # alias or "pkg.module:Class"
+    name = "orders-to-es"
+    database = "shop"
+    collection = "orders"
+
+Environment: ``SINGLETON_<KEY>`` for top-level keys, ``SINGLETON_<TABLE>__<KEY>`` for nested ones
+(``SINGLETON_LEASE__TTL=5``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from singleton.errors import ConfigurationError
+from singleton.redact import redact
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
+
+ENV_PREFIX = "SINGLETON_"
+BACKENDS = ("redis", "mongo")
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    ttl: float = 15.0
+    renew_interval: float | None = None
+    renew_deadline: float | None = None
+    retry_interval: float = 2.0
+    max_tenure: float | None = None
+    cooldown: float | None = None
+
+    def resolved(self) -> LeaseConfig:
+        """With defaults filled in (``ttl / 3`` and ``2 * ttl / 3``) and the timing rule checked."""
+        interval = self.ttl / 3 if self.renew_interval is None else self.renew_interval
+        deadline = 2 * self.ttl / 3 if self.renew_deadline is None else self.renew_deadline
+        if not (self.ttl > deadline > 1.2 * interval > 0):
+            raise ConfigurationError(
+                "lease: ttl > renew_deadline > 1.2 * renew_interval > 0 does not hold for "
+                f"ttl={self.ttl!r}, renew_deadline={deadline!r}, renew_interval={interval!r}"
+            )
+        for key in ("retry_interval", "max_tenure"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise ConfigurationError(f"lease.{key} must be > 0, got {value!r}")
+        if self.cooldown is not None and self.cooldown < 0:
+            raise ConfigurationError(f"lease.cooldown must be >= 0, got {self.cooldown!r}")
+        return replace(self, renew_interval=interval, renew_deadline=deadline)
+
+
+@dataclass(frozen=True)
+class ListenerConfig:
+    use: str
+    options: Mapping[str, Any]
+
+    @property
+    def lease_name(self) -> str:
+        """The lease/checkpoint key, computed the way ``ChangeStreamListener`` does."""
+        name = self.options.get("name")
+        if name:
+            return str(name)
+        return f"{self.options.get('database')}.{self.options.get('collection') or '*'}"
+
+
+@dataclass(frozen=True)
+class Config:
+    backend: str = "redis"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    mongo_url: str = "mongodb://127.0.0.1:27017/"
+    es_url: str = "http://127.0.0.1:9200"
+    es_api_key: str | None = None
+    es_ca_certs: str | None = None
+    namespace: str = "singleton"
+    identity: str | None = None
+    checkpoint_store: str = "mongo"
+    metrics_address: str | None = None
+    log_format: str = "text"
+    log_level: str = "INFO"
+    shutdown_timeout: float = 10.0
+    lease: LeaseConfig = field(default_factory=LeaseConfig)
+    listeners: tuple[ListenerConfig, ...] = ()
+
+    def redacted(self) -> dict[str, Any]:
+        """For logs and ``status``: every URL with its password replaced."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_url") and isinstance(value, str):
+                value = redact(value)
+            elif f.name == "es_api_key" and value:
+                value = "***"
+            elif f.name == "lease":
+                value = {lf.name: getattr(value, lf.name) for lf in fields(value)}
+            elif f.name == "listeners":
+                value = [{"use": lc.use, **lc.options} for lc in value]
+            out[f.name] = value
+        return out
+
+
+_TOP_TYPES: dict[str, tuple[type, ...]] = {
+    "backend": (str,),
+    "redis_url": (str,),
+    "mongo_url": (str,),
+    "es_url": (str,),
+    "es_api_key": (str,),
+    "es_ca_certs": (str,),
+    "namespace": (str,),
+    "identity": (str,),
+    "checkpoint_store": (str,),
+    "metrics_address": (str,),
+    "log_format": (str,),
+    "log_level": (str,),
+    "shutdown_timeout": (float,),
+}
+_LEASE_TYPES: dict[str, tuple[type, ...]] = {f.name: (float,) for f in fields(LeaseConfig)}
+_TABLES = {"lease": _LEASE_TYPES}
+
+
+def _suggest(key: str, known: Any) -> str:
+    near = difflib.get_close_matches(key, list(known), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def _coerce(where: str, value: Any, types: tuple[type, ...], from_text: bool) -> Any:
+    if value is None:
+        return None
+    if float in types:
+        if from_text and isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise ConfigurationError(f"{where} must be a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigurationError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{where} must be a string, got {value!r}")
+    return value
+
+
+def _merge(target: dict[str, Any], source: Mapping[str, Any], origin: str, from_text: bool) -> None:
+    for key, value in source.items():
+        if key in _TABLES:
+            if not isinstance(value, Mapping):
+                raise ConfigurationError(f"{origin}: [{key}] must be a table, got {value!r}")
+            table = target.setdefault(key, {})
+            types = _TABLES[key]
+            for sub, subvalue in value.items():
+                if sub not in types:
+                    raise ConfigurationError(
+                        f"{origin}: unknown key {key}.{sub}{_suggest(sub, types)}"
+                    )
+                table[sub] = _coerce(f"{origin}: {key}.{sub}", subvalue, types[sub], from_text)
+        elif key == "listeners":
+            if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+                raise ConfigurationError(f"{origin}: listeners must be an array of tables")
+            target["listeners"] = [dict(v) for v in value]
+        elif key in _TOP_TYPES:
+            target[key] = _coerce(f"{origin}: {key}", value, _TOP_TYPES[key], from_text)
+        else:
+            known = [*_TOP_TYPES, *_TABLES, "listeners"]
+            raise ConfigurationError(f"{origin}: unknown key {key!r}{_suggest(key, known)}")
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``SINGLETON_REDIS_URL`` -> ``{"redis_url": ...}``; ``SINGLETON_LEASE__TTL`` -> nested."""
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX) :].lower()
+        if "__" in key:
+            table, sub = key.split("__", 1)
+            out.setdefault(table, {})[sub] = value
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(
+    path: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """File, then environment, then ``overrides`` (flags); later wins. Validates everything."""
+    merged: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigurationError(f"config file {str(p)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigurationError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+        _merge(merged, data, str(p), from_text=False)
+    if environ:
+        _merge(merged, env_overrides(environ), "environment", from_text=True)
+    if overrides:
+        _merge(merged, {k: v for k, v in overrides.items() if v is not None}, "flags", True)
+    return build_config(merged)
+
+
+def build_config(merged: Mapping[str, Any]) -> Config:
+    lease = LeaseConfig(**merged.get("lease", {}))
+    lease.resolved()
+    listeners = []
+    for i, table in enumerate(merged.get("listeners", [])):
+        use = table.get("use")
+        if not isinstance(use, str) or not use:
+            raise ConfigurationError(f"listeners[{i}].use must name a listener, got {use!r}")
+        options = {k: v for k, v in table.items() if k != "use"}
+        listeners.append(ListenerConfig(use, options))
+    top = {k: v for k, v in merged.items() if k not in ("lease", "listeners")}
+    config = Config(**top, lease=lease, listeners=tuple(listeners))
+    _validate(config)
+    return config
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigurationError(
+            f"{key} must be one of {', '.join(allowed)}, got {value!r}{_suggest(value, allowed)}"
+        )
+
+
+def _validate(config: Config) -> None:
+    _choice("backend", config.backend, BACKENDS)
+    _choice("checkpoint_store", config.checkpoint_store, BACKENDS)
+    _choice("log_format", config.log_format, LOG_FORMATS)
+    _choice("log_level", config.log_level.upper(), LOG_LEVELS)
+    for key, schemes in (
+        ("redis_url", ("redis://", "rediss://", "unix://")),
+        ("mongo_url", ("mongodb://", "mongodb+srv://")),
+        ("es_url", ("http://", "https://")),
+    ):
+        value = getattr(config, key)
+        if not value.startswith(schemes):
+            raise ConfigurationError(
+                f"{key} must start with {' or '.join(schemes)}, got {redact(value)!r}"
+            )
+    if config.metrics_address not in (None, "", "off"):
+        host, _, port = str(config.metrics_address).rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ConfigurationError(
+                f"metrics_address must be HOST:PORT or 'off', got {config.metrics_address!r}"
+            )
+    if config.shutdown_timeout <= 0:
+        raise ConfigurationError(f"shutdown_timeout must be > 0, got {config.shutdown_timeout!r}")
+    if config.identity is not None and "/" in config.identity:
+        raise ConfigurationError(f"identity must not contain '/', got {config.identity!r}")
+    names = [lc.lease_name for lc in config.listeners]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigurationError(f"listener names must be unique, repeated: {', '.join(dupes)}")

@@ -1,0 +1,147 @@
+"""Prometheus metrics and health probes for one replica, served on ``metrics_address``.
+
+Values are read from the electors and runners at scrape time (a custom collector), so the hot
+paths carry no instrumentation cost and there is no global registry.
+
+* ``/metrics``: Prometheus text format.
+* ``/healthz``: 200 while the process is alive and its lease store answers.
+* ``/readyz``: 200 once every listener is either leading or a standby whose store answers.
+* ``/status``: the replica's local view as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from singleton.errors import SingletonError
+
+if TYPE_CHECKING:
+    from singleton.service import Replica
+
+#: runner.status() keys exported as metrics: key -> (metric name, help, counter?)
+RUNNER_METRICS = {
+    "events_handled": ("singleton_events_processed", "Change events handled", True),
+    "batches_handled": ("singleton_batches_processed", "Batches handled", True),
+    "last_batch_seconds": ("singleton_batch_latency_seconds", "Last batch handling time", False),
+    "checkpoint_age_seconds": ("singleton_checkpoint_age_seconds", "Age of the checkpoint", False),
+    "sink_errors": ("singleton_sink_errors", "Sink errors", True),
+    "dead_letters": ("singleton_dead_letters", "Events dead-lettered", True),
+}
+
+
+class ReplicaCollector:
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+
+    def collect(self) -> Iterator[Metric]:
+        leader = GaugeMetricFamily("singleton_is_leader", "1 while leading", labels=["lease"])
+        token = GaugeMetricFamily("singleton_fencing_token", "Current token", labels=["lease"])
+        trans = CounterMetricFamily(
+            "singleton_transitions", "Leadership transitions", labels=["lease", "kind"]
+        )
+        renew = GaugeMetricFamily(
+            "singleton_renew_latency_seconds", "Last renewal round trip", labels=["lease"]
+        )
+        renew_fail = CounterMetricFamily(
+            "singleton_renew_failures", "Renewals that failed", labels=["lease"]
+        )
+        runner_families: dict[str, Any] = {}
+        for key, (name, doc, counter) in RUNNER_METRICS.items():
+            family = CounterMetricFamily if counter else GaugeMetricFamily
+            runner_families[key] = family(name, doc, labels=["lease"])
+        for h in self.replica.hosted:
+            ld = h.elector.leadership
+            leader.add_metric([h.name], 1.0 if ld is not None else 0.0)
+            if ld is not None:
+                token.add_metric([h.name], float(ld.token))
+            stats = h.elector.stats
+            trans.add_metric([h.name, "elected"], stats.elections)
+            trans.add_metric([h.name, "lost"], stats.losses)
+            renew.add_metric([h.name], stats.last_renew_seconds)
+            renew_fail.add_metric([h.name], stats.renew_failures)
+            status = h.runner.status() if hasattr(h.runner, "status") else {}
+            for key, family in runner_families.items():
+                value = status.get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    family.add_metric([h.name], float(value))
+        yield from (leader, token, trans, renew, renew_fail, *runner_families.values())
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: MetricsServer
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, generate_latest(self.server.registry), "text/plain; version=0.0.4")
+        elif path == "/healthz":
+            ok, detail = self.server.health()
+            self._json(200 if ok else 503, {"ok": ok, "detail": detail})
+        elif path == "/readyz":
+            ok, detail = self.server.ready()
+            self._json(200 if ok else 503, {"ok": ok, "detail": detail})
+        elif path == "/status":
+            self._json(200, self.server.replica.status())
+        else:
+            self._json(404, {"error": f"no such path {path!r}"})
+
+    def _json(self, code: int, body: Any) -> None:
+        self._send(code, json.dumps(body, default=str).encode(), "application/json")
+
+    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+class MetricsServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, replica: Replica, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        super().__init__((host, int(port)), _Handler)
+        self.replica = replica
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(ReplicaCollector(replica))
+        self._thread = threading.Thread(
+            target=self.serve_forever, name="singleton-metrics", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> MetricsServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+    def health(self) -> tuple[bool, str]:
+        try:
+            self.replica.backend.inspect(
+                self.replica.hosted[0].name if self.replica.hosted else "-"
+            )
+        except SingletonError as exc:
+            return False, f"lease store unreachable: {exc}"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        if self.replica.started_at is None:
+            return False, "starting"
+        return self.health()
