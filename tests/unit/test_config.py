@@ -1,0 +1,143 @@
+"""Configuration precedence and validation; the CLI's exit code 2 for bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from singleton.cli import main
+from singleton.config import ConfigurationError, load_config
+from singleton.redact import redact
+
+TOML = """
+backend = "redis"
+redis_url = "redis://127.0.0.1:6379/0"
+namespace = "file"
+
+[lease]
+ttl = 15.0
+renew_interval = 5.0
+renew_deadline = 10.0
+
+[[listeners]]
+use = "logging"
+name = "orders-log"
+database = "shop"
+collection = "orders"
+"""
+
+
+@pytest.fixture
+def toml(tmp_path: Path) -> Path:
+    path = tmp_path / "singleton.toml"
+    path.write_text(TOML)
+    return path
+
+
+def test_file_then_env_then_flags(toml: Path) -> None:
+    cfg = load_config(toml)
+    assert (cfg.namespace, cfg.lease.ttl, cfg.listeners[0].lease_name) == (
+        "file",
+        15.0,
+        "orders-log",
+    )
+    assert cfg.listeners[0].options["collection"] == "orders"
+    env = {"SINGLETON_NAMESPACE": "env", "SINGLETON_LEASE__TTL": "30", "OTHER": "x"}
+    cfg = load_config(toml, env)
+    assert (cfg.namespace, cfg.lease.ttl) == ("env", 30.0)
+    cfg = load_config(toml, env, {"namespace": "flag", "lease": {"ttl": 20}})
+    assert (cfg.namespace, cfg.lease.ttl) == ("flag", 20.0)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SINGLETON_BAKEND": "redis"}, "unknown key 'bakend' (did you mean 'backend'?)"),
+        ({"SINGLETON_LEASE__TLL": "3"}, "unknown key lease.tll (did you mean 'ttl'?)"),
+        ({"SINGLETON_LEASE__TTL": "soon"}, "lease.ttl must be a number, got 'soon'"),
+        ({"SINGLETON_LEASE__RENEW_DEADLINE": "15"}, "ttl=15.0, renew_deadline=15.0"),
+        (
+            {"SINGLETON_BACKEND": "zookeeper"},
+            "backend must be one of redis, mongo, got 'zookeeper'",
+        ),
+        ({"SINGLETON_REDIS_URL": "http://u:hunter2@h"}, "redis_url must start with"),
+        ({"SINGLETON_METRICS_ADDRESS": "9090"}, "metrics_address must be HOST:PORT"),
+    ],
+)
+def test_bad_values_name_key_value_and_rule(toml: Path, env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        load_config(toml, env)
+    assert message in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
+def test_wrong_type_in_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[lease]\nttl = "fifteen"\n')
+    with pytest.raises(ConfigurationError, match=r"lease\.ttl must be a number, got 'fifteen'"):
+        load_config(path)
+
+
+def test_missing_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("backend = \n")
+    with pytest.raises(ConfigurationError, match="not valid TOML"):
+        load_config(broken)
+
+
+def test_duplicate_listener_names(tmp_path: Path) -> None:
+    path = tmp_path / "dup.toml"
+    path.write_text(TOML + TOML.split("\n\n")[-1])
+    with pytest.raises(ConfigurationError, match="repeated: orders-log"):
+        load_config(path)
+
+
+def test_redact() -> None:
+    assert (
+        redact("mongodb://app:s3cr%3Dt@db:27017/?tls=true")
+        == "mongodb://app:***@db:27017/?tls=true"
+    )
+    assert redact("redis://:pw@host:6379/0 and http://u:p@es:9200") == (
+        "redis://:***@host:6379/0 and http://u:***@es:9200"
+    )
+    assert redact("http://es:9200/?api_key=abc&x=1") == "http://es:9200/?api_key=***&x=1"
+    assert (
+        "hunter2" in load_config(environ={"SINGLETON_REDIS_URL": "redis://:hunter2@h/0"}).redis_url
+    )
+    assert "hunter2" not in str(
+        load_config(environ={"SINGLETON_REDIS_URL": "redis://:hunter2@h/0"}).redacted()
+    )
+
+
+# -- the command line: exit code 2 and a message naming the bad value -------------------------
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["status", "--ttl", "5", "--renew-deadline", "6"], "ttl=5.0, renew_deadline=6.0"),
+        (["status", "--backend", "mongodb"], "did you mean 'mongo'?"),
+        (["run", "--listener", "elastisearch"], "did you mean 'elasticsearch'?"),
+        (["run", "--listener", "nosuch.module:Thing"], "cannot import listener"),
+        (["run", "--listener", "listeners.base:ChangeStreamListenr"], "did you mean"),
+        (["run", "--option", "x=1"], "needs a --listener"),
+        (["run"], "no listeners configured"),
+        (["run", "--listener", "logging", "-o", "database=shop", "-o", "colection=x"], "colection"),
+        (["status", "--config", "/nonexistent/singleton.toml"], "does not exist"),
+        (["status", "--redis-url", "redis:/:hunter2@x"], "redis_url must start with"),
+    ],
+)
+def test_cli_bad_input_exits_2(
+    argv: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in list(__import__("os").environ):
+        if name.startswith("SINGLETON_"):
+            monkeypatch.delenv(name)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert "hunter2" not in err
