@@ -263,6 +263,8 @@ class Elector:
     def rotate(self) -> None:
         """Ask the leader to hand over now, as if ``max_tenure`` had passed."""
         with self._lock:
+            if self._leadership is None:  # a follower has nothing to hand over
+                return
             self._rotate_requested = True
             self._wake.set()
 
@@ -371,6 +373,7 @@ class Elector:
         ld = Leadership(lease, self.identity, sent + self.renew_deadline, self._clock)
         with self._lock:
             self._leadership = ld
+            self._rotate_requested = False
             self._next_renew = sent + self.renew_interval
             self._tenure_end = (
                 None if self.max_tenure is None else sent + self._jittered(self.max_tenure)

@@ -28,11 +28,11 @@ if TYPE_CHECKING:
 #: runner.status() keys exported as metrics: key -> (metric name, help, counter?)
 RUNNER_METRICS = {
     "events_handled": ("singleton_events_processed", "Change events handled", True),
-    "batches_handled": ("singleton_batches_processed", "Batches handled", True),
+    "batches": ("singleton_batches_processed", "Batches handled", True),
     "last_batch_seconds": ("singleton_batch_latency_seconds", "Last batch handling time", False),
     "checkpoint_age_seconds": ("singleton_checkpoint_age_seconds", "Age of the checkpoint", False),
     "sink_errors": ("singleton_sink_errors", "Sink errors", True),
-    "dead_letters": ("singleton_dead_letters", "Events dead-lettered", True),
+    "dead_lettered": ("singleton_dead_letters", "Events dead-lettered", True),
 }
 
 

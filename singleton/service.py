@@ -170,6 +170,7 @@ class Replica:
         previous = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, self._on_signal)
+        previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_rotate)
         try:
             self.start()
             self.wait()
@@ -184,6 +185,11 @@ class Replica:
             "replica {} received {}: handing over", self.identity, signal.Signals(signum).name
         )
         self.request_stop()
+
+    def _on_rotate(self, signum: int, frame: FrameType | None) -> None:
+        """SIGUSR1: every lease this replica leads is handed over now (drain, then release)."""
+        for h in self.hosted:
+            h.elector.rotate()
 
     def status(self) -> dict[str, Any]:
         """This replica's local view (what ``/status`` serves)."""

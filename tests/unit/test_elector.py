@@ -64,7 +64,9 @@ def backend(clock: FakeClock) -> FlakyBackend:
     return FlakyBackend(clock)
 
 
-def make(backend: MemoryLeaseBackend, clock: FakeClock, rec: Recorder | None = None, **kw: Any) -> Elector:
+def make(
+    backend: MemoryLeaseBackend, clock: FakeClock, rec: Recorder | None = None, **kw: Any
+) -> Elector:
     rec = rec or Recorder()
     kw.setdefault("identity", "a")
     kw.setdefault("ttl", 9.0)
@@ -234,7 +236,9 @@ def test_renew_refused_means_lost(backend: FlakyBackend, clock: FakeClock) -> No
     assert not e.is_leader
 
 
-def test_after_demotion_a_new_tenure_gets_a_new_token(backend: FlakyBackend, clock: FakeClock) -> None:
+def test_after_demotion_a_new_tenure_gets_a_new_token(
+    backend: FlakyBackend, clock: FakeClock
+) -> None:
     rec = Recorder()
     e = make(backend, clock, rec)
     e.tick()
@@ -251,7 +255,9 @@ def test_after_demotion_a_new_tenure_gets_a_new_token(backend: FlakyBackend, clo
 
 
 # -- rotation -------------------------------------------------------------------------------
-def test_rotation_drains_then_releases_then_cools_down(backend: FlakyBackend, clock: FakeClock) -> None:
+def test_rotation_drains_then_releases_then_cools_down(
+    backend: FlakyBackend, clock: FakeClock
+) -> None:
     rec = Recorder()
     drained: list[bool] = []
 
@@ -302,7 +308,9 @@ def test_failed_drain_does_not_release(backend: FlakyBackend, clock: FakeClock) 
     assert state is not None and state.token == 1  # left to expire, not released mid-drain
 
 
-def test_drain_raising_still_releases_only_if_valid(backend: FlakyBackend, clock: FakeClock) -> None:
+def test_drain_raising_still_releases_only_if_valid(
+    backend: FlakyBackend, clock: FakeClock
+) -> None:
     def boom(ld: Leadership) -> None:
         raise RuntimeError("drain bug")
 
@@ -315,7 +323,9 @@ def test_drain_raising_still_releases_only_if_valid(backend: FlakyBackend, clock
 
 
 # -- failures of the store ------------------------------------------------------------------
-def test_unreachable_store_backs_off_and_never_leads(backend: FlakyBackend, clock: FakeClock) -> None:
+def test_unreachable_store_backs_off_and_never_leads(
+    backend: FlakyBackend, clock: FakeClock
+) -> None:
     backend.down = True
     e = make(backend, clock, retry_interval=1.0)
     delays = []
@@ -397,7 +407,12 @@ def test_watchdog_demotes_a_leader_stuck_in_a_renew_call() -> None:
     lost: list[tuple[str, float]] = []
     lost_evt = threading.Event()
     e = Elector(
-        Hanging(), "job", ttl=1.2, renew_interval=0.1, renew_deadline=0.6, retry_interval=0.05,
+        Hanging(),
+        "job",
+        ttl=1.2,
+        renew_interval=0.1,
+        renew_deadline=0.6,
+        retry_interval=0.05,
         on_lost=lambda ld, r: (lost.append((r, ld.remaining())), lost_evt.set()),
     )
     e.start()
@@ -408,3 +423,17 @@ def test_watchdog_demotes_a_leader_stuck_in_a_renew_call() -> None:
     finally:
         release_call.set()
         e.stop()
+
+
+def test_rotate_on_a_follower_is_ignored(backend: FlakyBackend, clock: FakeClock) -> None:
+    leader = make(backend, clock, identity="lead")
+    leader.tick()
+    rec = Recorder()
+    follower = make(backend, clock, rec, identity="follow")
+    follower.tick()
+    follower.rotate()  # nothing to hand over; must not cut its next tenure short
+    leader.stop()
+    follower.tick()
+    follower.tick()
+    assert follower.is_leader
+    assert [e for e in rec.events if e[0] == "lost"] == []
