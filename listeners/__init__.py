@@ -1,1 +1,27 @@
 """Change-stream listeners that run under a singleton Elector."""
+
+from __future__ import annotations
+
+from listeners.base import ChangeStreamListener, ListenerContext
+from listeners.checkpoint import (
+    Checkpoint,
+    CheckpointStore,
+    MongoCheckpointStore,
+    RedisCheckpointStore,
+)
+from listeners.deadletter import DeadLetterStore, PoisonEventError
+from listeners.logging import LoggingListener
+from listeners.runner import ListenerRunner
+
+__all__ = [
+    "ChangeStreamListener",
+    "Checkpoint",
+    "CheckpointStore",
+    "DeadLetterStore",
+    "ListenerContext",
+    "ListenerRunner",
+    "LoggingListener",
+    "MongoCheckpointStore",
+    "PoisonEventError",
+    "RedisCheckpointStore",
+]

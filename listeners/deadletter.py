@@ -1,0 +1,208 @@
+"""Poison events and history gaps: what a listener could not handle, recorded instead of lost.
+
+Failure model: ``handle_batch`` may fail for one event forever (a document the sink rejects) or
+for a while (a sink that is down). Retrying with backoff covers the second; bisecting the batch
+isolates the first, so one bad event does not stop the stream. Every record carries the fencing
+token of the tenure that wrote it, and is written only after ``ctx.check()``.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from bson.timestamp import Timestamp
+from loguru import logger
+
+from listeners.checkpoint import mongo_client, mongo_errors
+from singleton.errors import LeaseLostError, SingletonError
+
+if TYPE_CHECKING:
+    from pymongo import MongoClient
+
+    from listeners.base import ChangeEvent, ListenerContext
+
+
+class PoisonEventError(SingletonError):
+    """``handle_batch`` kept failing and the listener's ``on_poison`` policy is ``"stop"``."""
+
+
+class DeadLetterStore:
+    """``dead_letters`` and ``gaps`` collections in one database (``singleton`` by default)."""
+
+    def __init__(
+        self,
+        client_or_url: MongoClient[dict[str, Any]] | str,
+        database: str = "singleton",
+        collection: str = "dead_letters",
+        gaps_collection: str = "gaps",
+    ) -> None:
+        self._client, self._owned = mongo_client(client_or_url)
+        self.dead_letters = self._client[database][collection]
+        self.gaps = self._client[database][gaps_collection]
+
+    def put(
+        self,
+        event: ChangeEvent,
+        error: BaseException,
+        attempts: int,
+        ctx: ListenerContext,
+    ) -> None:
+        """Record one event the listener could not handle (after ``ctx.check()``)."""
+        self._record(
+            self.dead_letters,
+            ctx,
+            event=dict(event),
+            error=f"{type(error).__name__}: {error}",
+            attempts=attempts,
+        )
+
+    def record_gap(
+        self,
+        ctx: ListenerContext,
+        from_time: Timestamp | None,
+        to_time: Timestamp,
+        reason: str,
+    ) -> None:
+        """Record that events between ``from_time`` and ``to_time`` were never delivered."""
+        self._record(
+            self.gaps, ctx, from_cluster_time=from_time, to_cluster_time=to_time, reason=reason
+        )
+
+    def _record(self, collection: Any, ctx: ListenerContext, **fields: Any) -> None:
+        ctx.check()
+        doc = {
+            "listener": ctx.listener_name,
+            **fields,
+            "fencing_token": ctx.token,
+            "holder": ctx.leadership.holder,
+            "time": datetime.now(timezone.utc),
+        }
+        with mongo_errors(f"record in {collection.name} for {ctx.listener_name!r}"):
+            collection.insert_one(doc)
+
+    def close(self) -> None:
+        if self._owned:
+            self._client.close()
+
+
+class PoisonHandler:
+    """Deliver a batch: retry with backoff, then bisect to isolate and dead-letter bad events.
+
+    ``handle`` is the listener's ``handle_batch``. The wait between retries returns early when
+    the tenure ends (``ctx.leadership.lost``), and ``ctx.check()`` runs before every attempt,
+    so a lost lease stops delivery within one attempt.
+    """
+
+    def __init__(
+        self,
+        handle: Callable[[Sequence[ChangeEvent], ListenerContext], None],
+        store: DeadLetterStore | None,
+        *,
+        max_retries: int,
+        policy: str,
+        backoff: float = 0.05,
+        max_backoff: float = 2.0,
+        rng: random.Random | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self._handle = handle
+        self._store = store
+        self.max_retries = max_retries
+        self.policy = policy
+        self._backoff = backoff
+        self._max_backoff = max_backoff
+        self._rng = rng or random.Random()
+        self._stop = stop
+        #: Events written to the dead-letter store during this handler's life.
+        self.dead_lettered = 0
+
+    def deliver(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
+        """Return once every event was handled or dead-lettered; raise on loss or ``stop``."""
+        error, attempts = self._attempts(events, ctx, self.max_retries + 1)
+        if error is None:
+            return
+        if self.policy == "stop" or self._store is None:
+            raise PoisonEventError(
+                f"listener {ctx.listener_name!r}: handle_batch failed {attempts} times on a batch "
+                f"of {len(events)}: {error}"
+            ) from error
+        self._isolate(events, ctx, error, attempts)
+
+    def _attempts(
+        self, events: Sequence[ChangeEvent], ctx: ListenerContext, tries: int
+    ) -> tuple[Exception | None, int]:
+        error: Exception | None = None
+        for attempt in range(1, tries + 1):
+            ctx.check()
+            try:
+                self._handle(events, ctx)
+                return None, attempt
+            except LeaseLostError:
+                raise
+            except Exception as exc:
+                error = exc
+                if attempt == tries:
+                    break
+                delay = min(self._max_backoff, self._backoff * 2 ** (attempt - 1))
+                delay *= self._rng.uniform(0.5, 1.0)
+                logger.warning(
+                    "handle_batch failed (attempt {}/{}), retrying in {:.2f}s: listener={} "
+                    "events={}: {!r}",
+                    attempt,
+                    tries,
+                    delay,
+                    ctx.listener_name,
+                    len(events),
+                    exc,
+                )
+                self._wait(ctx, delay)
+        return error, tries
+
+    def _wait(self, ctx: ListenerContext, delay: float) -> None:
+        if ctx.leadership.lost.wait(delay):
+            ctx.check()
+        if self._stop is not None and self._stop.is_set():
+            ctx.check()
+
+    def _isolate(
+        self, events: Sequence[ChangeEvent], ctx: ListenerContext, error: Exception, attempts: int
+    ) -> None:
+        """Bisect in order: halves that succeed are done, single events that keep failing are
+        retried up to ``max_retries`` more times, then dead-lettered."""
+        if len(events) == 1:
+            if attempts <= self.max_retries:
+                err, more = self._attempts(events, ctx, self.max_retries + 1 - attempts)
+                if err is None:
+                    return
+                error, attempts = err, attempts + more
+            self._dead_letter(events[0], ctx, error, attempts)
+            return
+        mid = len(events) // 2
+        for half in (events[:mid], events[mid:]):
+            err, _ = self._attempts(half, ctx, 1)
+            if err is not None:
+                self._isolate(half, ctx, err, 1)
+
+    def _dead_letter(
+        self, event: ChangeEvent, ctx: ListenerContext, error: Exception, attempts: int
+    ) -> None:
+        assert self._store is not None
+        logger.error(
+            "poison event dead-lettered after {} attempts: listener={} token={} event_id={}: {!r}",
+            attempts,
+            ctx.listener_name,
+            ctx.token,
+            _event_id(event),
+            error,
+        )
+        self._store.put(event, error, attempts, ctx)
+        self.dead_lettered += 1
+
+
+def _event_id(event: ChangeEvent) -> Any:
+    key = event.get("documentKey")
+    return key.get("_id") if isinstance(key, Mapping) else event.get("_id")

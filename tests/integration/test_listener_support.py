@@ -1,0 +1,190 @@
+"""Shared pieces of the listener tests (no tests here): a recording listener, a checkpoint store
+that records every accepted write, a reference reader of the raw stream, and a runner factory."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pymongo
+from bson.timestamp import Timestamp
+from loguru import logger
+
+from listeners import Checkpoint, ListenerRunner, MongoCheckpointStore
+from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext
+from listeners.deadletter import DeadLetterStore
+from singleton import Elector
+from singleton.abc import LeaseBackend
+
+
+def key(event: ChangeEvent) -> str:
+    return str(event["_id"]["_data"])
+
+
+class Recorder(ChangeStreamListener):
+    """Records every handled event with the fencing token that handled it."""
+
+    batch_size = 50
+    max_batch_wait = 0.05
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.lock = threading.Lock()
+        self.handled: list[tuple[str, int, ChangeEvent]] = []
+        self.fail: Callable[[ChangeEvent], bool] = lambda _e: False
+        self.gate = threading.Event()
+        self.gate.set()
+        self.blocked = threading.Event()
+        self.invalidated: list[ChangeEvent] = []
+        self.syncs = 0
+
+    def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
+        for e in events:
+            if self.fail(e):
+                raise ValueError(f"poison {e.get('documentKey')}")
+        if not self.gate.is_set():
+            self.blocked.set()
+            self.gate.wait(30)
+        with self.lock:
+            self.handled.extend((key(e), ctx.token, e) for e in events)
+
+    def on_invalidate(self, event: ChangeEvent, ctx: ListenerContext) -> None:
+        self.invalidated.append(event)
+
+    def keys(self) -> list[str]:
+        with self.lock:
+            return [k for k, _t, _e in self.handled]
+
+
+class SyncingRecorder(Recorder):
+    def initial_sync(self, ctx: ListenerContext) -> None:
+        self.syncs += 1
+
+
+class RecordingStore(MongoCheckpointStore):
+    """Remembers every save the server accepted, in order."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.accepted: list[Checkpoint] = []
+        self._rec = threading.Lock()
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        with self._rec:  # serialise so that the order recorded is the order accepted
+            super().save(checkpoint)
+            self.accepted.append(checkpoint)
+
+
+def assert_monotonic(saves: Sequence[Checkpoint]) -> None:
+    for a, b in itertools.pairwise(saves):
+        assert b.cluster_time >= a.cluster_time, f"position moved back: {a} -> {b}"
+        assert b.fencing_token >= a.fencing_token, f"older token wrote after newer: {a} -> {b}"
+
+
+def now(client: pymongo.MongoClient[dict[str, Any]]) -> Timestamp:
+    ts = client.admin.command("ping")["operationTime"]
+    assert isinstance(ts, Timestamp)
+    return ts
+
+
+def reference(
+    coll: Any, since: Timestamp, until_count: int | None = None, timeout: float = 20.0
+) -> list[str]:
+    """Every event key of the raw stream from ``since`` until ``until_count`` events, or until a
+    getMore comes back empty after the writes have finished."""
+    import time
+
+    keys: list[str] = []
+    deadline = time.monotonic() + timeout
+    with coll.watch(start_at_operation_time=since, max_await_time_ms=200) as cs:
+        while time.monotonic() < deadline:
+            ev = cs.try_next()
+            if ev is None:
+                if until_count is None or len(keys) >= until_count:
+                    return keys
+                continue
+            if ev["operationType"] != "invalidate":
+                keys.append(key(ev))
+    raise AssertionError(f"reference stream: {len(keys)} events within {timeout}s")
+
+
+def make_runner(
+    url: str,
+    db: str,
+    backend: LeaseBackend,
+    listener: ChangeStreamListener,
+    identity: str,
+    store: MongoCheckpointStore | None = None,
+    **kw: Any,
+) -> ListenerRunner:
+    elector = Elector(
+        backend,
+        listener.lease_name,
+        identity=identity,
+        ttl=1.0,
+        retry_interval=0.1,
+        release_timeout=0.55,
+        cooldown=kw.pop("cooldown", None),
+    )
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(url, tz_aware=True)
+    kw.setdefault("standby_interval", None)
+    kw.setdefault("idle_checkpoint_interval", 0.3)
+    return ListenerRunner(
+        listener,
+        elector,
+        client,
+        checkpoints=store or MongoCheckpointStore(client, database=db),
+        dead_letters=DeadLetterStore(client, database=db),
+        max_await_time=0.1,
+        **kw,
+    )
+
+
+class Writer(threading.Thread):
+    """Inserts, updates and deletes until stopped; counts its operations."""
+
+    def __init__(self, coll: Any, prefix: str = "w") -> None:
+        super().__init__(daemon=True)
+        self.coll = coll
+        self.prefix = prefix
+        self.stop_event = threading.Event()
+        self.ops = 0
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop_event.is_set():
+            doc_id = f"{self.prefix}{i}"
+            self.coll.insert_one({"_id": doc_id, "v": 0})
+            self.coll.update_one({"_id": doc_id}, {"$set": {"v": 1}})
+            if i % 3 == 0:
+                self.coll.delete_one({"_id": doc_id})
+                self.ops += 1
+            self.ops += 2
+            i += 1
+            self.stop_event.wait(0.002)
+
+
+class LogCapture:
+    """Collects loguru records at ERROR and above."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self._id: int | None = None
+
+    def __enter__(self) -> LogCapture:
+        self._id = logger.add(
+            lambda m: self.errors.append(str(m)), level="ERROR", format="{message}"
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._id is not None
+        logger.remove(self._id)
+
+
+def stopped(runners: Sequence[ListenerRunner]) -> Iterator[None]:
+    yield
+    for r in runners:
+        r.stop()
