@@ -12,7 +12,9 @@ Layout, under ``namespace`` (default ``singleton``):
 Failure model: Redis expires keys by its own clock, so expiry needs no agreement between client
 clocks. A lost or late reply is an unknown outcome and raises ``BackendUnavailableError``. Redis
 replication is asynchronous: a failover (Sentinel, cluster) may lose a lease key, and the
-fencing counter with it (see the Redis docs on distributed locks); run one primary, or accept it.
+fencing counter with it (see the Redis docs on distributed locks); so does a restart without
+persistence, after which tokens start again at 1. Run one primary with AOF or RDB if fenced
+writes must stay fenced across a Redis restart.
 The pub/sub subscription only shortens waits: if it is down, waiters fall back to their timeout.
 """
 
@@ -133,7 +135,8 @@ def _text(value: Any) -> str:
 
 class RedisLeaseBackend(LeaseBackend):
     """Leases on Redis. Pass a ``redis.Redis`` client (never closed here) or a URL (the client
-    built from it has bounded socket timeouts and is closed by :meth:`close`)."""
+    built from it has bounded socket timeouts, ``retries`` immediate retries of a failed call,
+    and is closed by :meth:`close`)."""
 
     def __init__(
         self,
@@ -233,9 +236,10 @@ class RedisLeaseBackend(LeaseBackend):
         self, name: str, timeout: float, wake: threading.Event | None = None
     ) -> bool:
         validate_lease_args(name)
-        self._ensure_listener()
-        # Only the first waiter ever waits here, for the one SUBSCRIBE the listener sends.
-        if not self._subscribed.is_set():
+        if self._ensure_listener():
+            # The first waiter waits (within its timeout) for the one SUBSCRIBE, so that a
+            # release right after it is not missed. Later waiters never wait for it: while the
+            # subscription is down they simply run to their timeout.
             timeout -= self._wait_subscribed(min(timeout, DEFAULT_TIMEOUT), wake)
         if wake is not None and wake.is_set():
             return False
@@ -254,14 +258,16 @@ class RedisLeaseBackend(LeaseBackend):
                 self._client.close()
 
     # -- pub/sub ---------------------------------------------------------------------------
-    def _ensure_listener(self) -> None:
+    def _ensure_listener(self) -> bool:
+        """Start the subscription thread unless it runs (or we are closed); True if started."""
         with self._lock:
             if self._listener is not None or self._closed.is_set():
-                return
+                return False
             self._listener = threading.Thread(
                 target=self._listen, name=f"singleton-redis-pubsub-{self.namespace}", daemon=True
             )
             self._listener.start()
+            return True
 
     def _wait_subscribed(self, budget: float, wake: threading.Event | None) -> float:
         """Wait up to ``budget`` for the subscription (or ``wake``); return the time spent."""
