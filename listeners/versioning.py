@@ -1,0 +1,211 @@
+"""External versions for Elasticsearch, derived from the oplog position of a change event.
+
+Elasticsearch's ``version_type=external`` accepts a write only if its version is greater than the
+stored one. If the version of every change event strictly increases in oplog order, replays,
+duplicate deliveries and a deposed leader's late writes are all refused (409) and the index can
+never go back in time. The encoding, in one signed 64-bit integer (bit 63 stays 0)::
+
+    version = (seconds - EPOCH) << 30  |  increment << 12  |  position
+
+    bits 62..30  (33 bits)  cluster-time seconds since 2020-01-01 UTC: good until the year 2292
+    bits 29..12  (18 bits)  cluster-time increment (ordinal within the second): < 262,144
+    bits 11..0   (12 bits)  position of the event within its transaction: < 4,096
+
+Monstache's ``(T << 32) | I`` overflows a signed 64-bit version in 2038 and gives every event of
+one transaction the same version (they share a cluster time); the ``position`` field fixes the
+second flaw and the epoch offset plus 33-bit field the first. A value that does not fit raises
+:class:`VersionOverflowError` instead of wrapping silently.
+
+The position must be the same whenever the same event is delivered again (a resumed stream, a
+replay by a deposed leader), so it is read from the event's resume token, never counted in memory:
+
+* MongoDB resume tokens are KeyString-encoded ``[clusterTime, version, tokenType, txnOpIndex, ...]``
+  and carry ``txnOpIndex`` directly (:func:`keystring_txn_op_index`).
+* Servers whose tokens are a BSON document with a global oplog sequence ``s`` (SecantusDB) give
+  the position as ``s`` minus the sequence of the transaction's first oplog entry; that anchor is
+  a fact of the oplog, looked up once per transaction (:class:`EventVersioner`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import bson
+from bson.timestamp import Timestamp
+
+from singleton.errors import SinkError
+
+#: 2020-01-01T00:00:00Z. Cluster times before it cannot be encoded.
+EPOCH = 1_577_836_800
+SECONDS_BITS = 33
+INCREMENT_BITS = 18
+POSITION_BITS = 12
+INCREMENT_SHIFT = POSITION_BITS
+SECONDS_SHIFT = POSITION_BITS + INCREMENT_BITS
+MAX_SECONDS = (1 << SECONDS_BITS) - 1
+MAX_INCREMENT = (1 << INCREMENT_BITS) - 1
+MAX_POSITION = (1 << POSITION_BITS) - 1
+MAX_VERSION = (1 << 63) - 1
+
+#: Looks up the oplog sequence of the first entry at a cluster time (``None`` if unknown).
+AnchorLookup = Callable[[Timestamp], "int | None"]
+
+
+class VersionOverflowError(SinkError):
+    """A cluster time or transaction position does not fit the version encoding."""
+
+
+def encode(seconds: int, increment: int, position: int = 0) -> int:
+    """The external version of the event at cluster time ``(seconds, increment)``, ``position``
+    within its transaction. Strictly increasing in ``(seconds, increment, position)``."""
+    s = seconds - EPOCH
+    if not 0 <= s <= MAX_SECONDS:
+        raise VersionOverflowError(
+            f"cluster time {seconds} s is outside the encodable range [{EPOCH}, "
+            f"{EPOCH + MAX_SECONDS}] (2020-01-01 .. 2292)"
+        )
+    if not 0 <= increment <= MAX_INCREMENT:
+        raise VersionOverflowError(
+            f"cluster-time increment {increment} exceeds {MAX_INCREMENT} ({INCREMENT_BITS} bits)"
+        )
+    if not 0 <= position <= MAX_POSITION:
+        raise VersionOverflowError(
+            f"transaction position {position} exceeds {MAX_POSITION} ({POSITION_BITS} bits): "
+            "a transaction with more events than that cannot be versioned distinctly"
+        )
+    return (s << SECONDS_SHIFT) | (increment << INCREMENT_SHIFT) | position
+
+
+def decode(version: int) -> tuple[int, int, int]:
+    """``(seconds, increment, position)`` of a version made by :func:`encode`."""
+    if not 0 <= version <= MAX_VERSION:
+        raise ValueError(f"not an encoded version: {version}")
+    return (
+        (version >> SECONDS_SHIFT) + EPOCH,
+        (version >> INCREMENT_SHIFT) & MAX_INCREMENT,
+        version & MAX_POSITION,
+    )
+
+
+def timestamp_version(ts: Timestamp, position: int = 0) -> int:
+    return encode(ts.time, ts.inc, position)
+
+
+# -- resume tokens -------------------------------------------------------------------------------
+_KS_TIMESTAMP = 130
+_KS_ZERO = 41
+_KS_POS_INT_1 = 43  # positive integers of 1..8 bytes: CTypes 43..50
+_KS_POS_INT_8 = 50
+
+
+def _ks_uint(data: bytes, at: int) -> tuple[int, int]:
+    """Decode one non-negative KeyString integer at ``at``; returns ``(value, next offset)``.
+    Integers are stored big-endian shifted left by one (the low bit flags a fraction)."""
+    ctype = data[at]
+    if ctype == _KS_ZERO:
+        return 0, at + 1
+    if _KS_POS_INT_1 <= ctype <= _KS_POS_INT_8:
+        n = ctype - _KS_POS_INT_1 + 1
+        raw = int.from_bytes(data[at + 1 : at + 1 + n], "big")
+        if raw & 1:
+            raise ValueError("fractional number in a resume token")
+        return raw >> 1, at + 1 + n
+    raise ValueError(f"unexpected KeyString type {ctype} in a resume token")
+
+
+def keystring_txn_op_index(data: bytes) -> int:
+    """``txnOpIndex`` of a MongoDB (KeyString) resume token.
+
+    Layout: clusterTime (CType 130 + 8 bytes), version, then for version >= 1 tokenType, then
+    txnOpIndex (``applyOpsIndex`` in version 0 tokens)."""
+    if not data or data[0] != _KS_TIMESTAMP:
+        raise ValueError("resume token does not start with a cluster time")
+    at = 9
+    token_version, at = _ks_uint(data, at)
+    if token_version >= 1:
+        _token_type, at = _ks_uint(data, at)
+    index, _ = _ks_uint(data, at)
+    return index
+
+
+def _token_bytes(event: Mapping[str, Any]) -> bytes:
+    token = event.get("_id")
+    raw = token.get("_data") if isinstance(token, Mapping) else None
+    if not isinstance(raw, str):
+        raise VersionOverflowError(f"change event has no resume token _data: {token!r}")
+    try:
+        return bytes.fromhex(raw)
+    except ValueError as exc:
+        raise VersionOverflowError(f"resume token _data is not hex: {raw[:40]!r}") from exc
+
+
+def _bson_token(data: bytes) -> Mapping[str, Any] | None:
+    if len(data) < 5 or int.from_bytes(data[:4], "little") != len(data):
+        return None
+    try:
+        return bson.decode(data)
+    except Exception:  # not BSON: a KeyString token
+        return None
+
+
+class EventVersioner:
+    """Computes :func:`encode` versions for change events. ``anchor`` is needed only for servers
+    with BSON resume tokens (see the module docstring); anchors are cached per cluster time."""
+
+    def __init__(self, anchor: AnchorLookup | None = None, cache_size: int = 4096) -> None:
+        self._anchor = anchor
+        self._cache: OrderedDict[Timestamp, int] = OrderedDict()
+        self._cache_size = cache_size
+
+    def version(self, event: Mapping[str, Any]) -> int:
+        ts = event.get("clusterTime")
+        if not isinstance(ts, Timestamp):
+            raise VersionOverflowError(f"change event has no clusterTime: {event.get('_id')!r}")
+        return encode(ts.time, ts.inc, self.position(event, ts))
+
+    def position(self, event: Mapping[str, Any], ts: Timestamp) -> int:
+        data = _token_bytes(event)
+        doc = _bson_token(data)
+        if doc is None:
+            return keystring_txn_op_index(data)
+        if "txnNumber" not in event:
+            return 0  # not in a transaction: the only event at its cluster time
+        seq = doc.get("s")
+        if not isinstance(seq, int):
+            raise VersionOverflowError(f"BSON resume token without a sequence: {doc!r}")
+        first = self._first_seq(ts, seq)
+        return seq - first
+
+    def _first_seq(self, ts: Timestamp, seq: int) -> int:
+        first = self._cache.get(ts)
+        if first is None:
+            if self._anchor is None:
+                raise VersionOverflowError(
+                    "transaction events with BSON resume tokens need an anchor lookup"
+                )
+            found = self._anchor(ts)
+            first = seq if found is None else min(found, seq)
+            self._cache[ts] = first
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(ts)
+        return first
+
+
+def first_seq_at(client: Any, ts: Timestamp) -> int | None:
+    """The oplog sequence of the first change event at cluster time ``ts`` on a server with BSON
+    resume tokens, read with a cluster-wide change stream that starts at ``ts``."""
+    with client.watch(start_at_operation_time=ts, max_await_time_ms=200) as stream:
+        event = None
+        for _ in range(10):  # an empty first batch is allowed; the entry at ``ts`` exists
+            event = stream.try_next()
+            if event is not None:
+                break
+        if event is None or event.get("clusterTime") != ts:
+            return None
+        doc = _bson_token(_token_bytes(event))
+        seq = None if doc is None else doc.get("s")
+        return seq if isinstance(seq, int) else None
