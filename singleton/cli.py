@@ -61,9 +61,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         "cooldown",
     ):
         p.add_argument("--" + key.replace("_", "-"), dest=key, help=f"lease {key} in seconds")
+    # One ordered list, so that each --option applies to the --listener before it.
     p.add_argument(
         "--listener",
+        dest="listener_items",
         action="append",
+        type=lambda v: ("use", v),
         default=[],
         metavar="USE",
         help="add a listener: alias (elasticsearch, logging) or pkg.module:Class",
@@ -71,10 +74,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--option",
         "-o",
+        dest="listener_items",
         action="append",
-        default=[],
+        type=lambda v: ("option", v),
         metavar="KEY=VALUE",
-        help="an option for the last --listener (repeatable)",
+        help="an option for the --listener before it (repeatable)",
     )
 
 
@@ -120,9 +124,10 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
         else:
             overrides[table] = value
     listeners: list[dict[str, Any]] = []
-    for use in args.listener:
-        listeners.append({"use": use})
-    for item in args.option:
+    for kind, item in getattr(args, "listener_items", []):
+        if kind == "use":
+            listeners.append({"use": item})
+            continue
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigurationError(f"--option must be KEY=VALUE, got {item!r}")

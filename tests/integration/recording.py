@@ -1,0 +1,34 @@
+"""A listener for process-level tests: records every event it handles, with the fencing token
+and the replica's identity, into ``<database>.handled`` (duplicates are kept, to be counted)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext
+
+
+class RecordingListener(ChangeStreamListener):
+    extra_options: ClassVar[frozenset[str]] = frozenset({"record_to"})
+    record_to: str = "handled"
+    max_batch_wait = 0.05
+
+    def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
+        ctx.check()
+        identity = os.environ.get("SINGLETON_IDENTITY") or ctx.leadership.identity
+        rows: list[dict[str, Any]] = [
+            {
+                "event": e["_id"]["_data"],
+                "op": e.get("operationType"),
+                "doc": (e.get("documentKey") or {}).get("_id"),
+                "ns": f"{(e.get('ns') or {}).get('db')}.{(e.get('ns') or {}).get('coll')}",
+                "token": ctx.token,
+                "identity": identity,
+            }
+            for e in events
+        ]
+        if rows:
+            assert self.database is not None
+            ctx.client[self.database][self.record_to].insert_many(rows)
