@@ -5,16 +5,21 @@ Layout, under ``namespace`` (default ``singleton``):
 * ``<ns>:lease:<name>``: a string ``"<token>:<holder>"`` with a PX expiry. The token comes first
   because it is all digits, so the first ``:`` splits it from any holder. Comparing the whole
   value compares holder *and* token in one step.
-* ``<ns>:fence:<name>``: the fencing counter, ``INCR``-ed on every new grant, never expiring, never
-  deleted by a release.
+* ``<ns>:fence:<name>``: the fencing counter, never expiring, never deleted by a release. A new
+  grant takes ``max(counter + 1, server time in ms)``: tokens are a hybrid logical clock, so
+  they keep growing even after Redis lost the counter (a restart without persistence, a failover
+  to a replica that had not seen the last writes), as long as Redis's clock does not step back
+  and fewer than 1,000 grants a second are made of one name.
 * ``<ns>:released``: a pub/sub channel; a release publishes the lease name on it.
 
 Failure model: Redis expires keys by its own clock, so expiry needs no agreement between client
 clocks. A lost or late reply is an unknown outcome and raises ``BackendUnavailableError``. Redis
 replication is asynchronous: a failover (Sentinel, cluster) may lose a lease key, and the
 fencing counter with it (see the Redis docs on distributed locks); so does a restart without
-persistence, after which tokens start again at 1. Run one primary with AOF or RDB if fenced
-writes must stay fenced across a Redis restart.
+persistence. Tokens survive that (see the counter above), but a lost *lease key* means a second
+holder may be granted the lease while the first still believes it leads: the renew deadline
+bounds that window, and fenced checkpoints and sink writes make the older holder's writes
+harmless.
 The pub/sub subscription only shortens waits: if it is down, waiters fall back to their timeout.
 """
 
@@ -51,8 +56,14 @@ from singleton.errors import (
 ACQUIRE = """
 local current = redis.call('GET', KEYS[1])
 if not current then
-  local token = redis.call('INCR', KEYS[2])
-  redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2])
+  -- max(counter + 1, now in ms): still growing after the counter itself was lost
+  local now = redis.call('TIME')
+  local token = math.max(
+    tonumber(redis.call('GET', KEYS[2]) or '0') + 1,
+    tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+  local text = string.format('%d', token)
+  redis.call('SET', KEYS[2], text)
+  redis.call('SET', KEYS[1], text .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2])
   return {1, token}
 end
 local sep = string.find(current, ':', 1, true)

@@ -348,3 +348,24 @@ def test_sigstopped_leader_is_invalid_when_it_wakes(
         child.close()
         elector.stop(timeout=10)
         backend.close()
+
+
+def test_tokens_keep_growing_after_redis_loses_its_data(unique: str) -> None:
+    """A restart without persistence loses the fencing counter; tokens must not start over,
+    or every fenced checkpoint would refuse the next leader (or, worse, accept a reused token)."""
+    with RedisServer() as server:
+        backend = RedisLeaseBackend(server.url, namespace=f"t{unique}")
+        try:
+            before = backend.try_acquire("job", "a/1", 30)
+            assert before is not None
+            server.restart()
+            wait_until(lambda: _answers(backend), 10, what="redis back")
+            after = backend.try_acquire("job", "b/1", 30)
+            assert after is not None and after.token > before.token
+        finally:
+            backend.close()
+
+
+def _answers(backend: RedisLeaseBackend) -> bool:
+    backend.inspect("probe")
+    return True
