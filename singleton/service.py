@@ -26,7 +26,8 @@ from singleton.elector import Elector, default_identity
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.registry import RUNNER, resolve
 
-ES_OPTIONS = {"es_url": "es_url", "es_api_key": "es_api_key", "es_ca_certs": "es_ca_certs"}
+#: listener option -> service setting, filled in when the class accepts it and the table omits it
+SERVICE_OPTIONS = {"es": "es_url", "api_key": "es_api_key", "ca_certs": "es_ca_certs"}
 
 
 def make_backend(config: Config) -> LeaseBackend:
@@ -57,11 +58,11 @@ def build_listener(lc: ListenerConfig, config: Config) -> Any:
     cls = resolve(lc.use)
     options = dict(lc.options)
     accepted: frozenset[str] = getattr(cls, "extra_options", frozenset())
-    for option, key in ES_OPTIONS.items():
+    for option, key in SERVICE_OPTIONS.items():
         if option in accepted and option not in options and getattr(config, key) is not None:
             options[option] = getattr(config, key)
-    if "lease_ttl" in accepted and "lease_ttl" not in options:
-        options["lease_ttl"] = config.lease.ttl
+    if "ttl" in accepted and "ttl" not in options:  # sizes index.gc_deletes from the lease
+        options["ttl"] = config.lease.ttl
     try:
         return cls(**options)
     except SingletonError:
