@@ -35,9 +35,30 @@ HISTORY_LOST_MESSAGES = (
     "resume point may no longer",
 )
 PERMISSION_CODES = frozenset({11, 13, 18, 31, 33, 8000})
-# The spec's resumable server codes (besides the label), CursorNotFound (43) included.
+# The spec's resumable server codes (besides the label), CursorNotFound (43) included, and
+# MaxTimeMSExpired (50): the runner's own bound on every call.
 RESUMABLE_CODES = frozenset(
-    {6, 7, 43, 63, 89, 91, 133, 150, 189, 234, 262, 9001, 10107, 11600, 11602, 13388, 13435, 13436}
+    {
+        6,
+        7,
+        43,
+        50,
+        63,
+        89,
+        91,
+        133,
+        150,
+        189,
+        234,
+        262,
+        9001,
+        10107,
+        11600,
+        11602,
+        13388,
+        13435,
+        13436,
+    }
 )
 
 
@@ -193,6 +214,12 @@ class StandbyChecker:
 
     def check(self) -> dict[str, Any]:
         """Run one check now and return (and keep) its result."""
+        import pymongo
+
+        with pymongo.timeout(10):
+            return self._check()
+
+    def _check(self) -> dict[str, Any]:
         lst = self._listener
         cp = self._checkpoints.load(lst.lease_name)
         result: dict[str, Any] = {

@@ -14,11 +14,13 @@ the stream's connection may drop, and the oplog may roll past the saved position
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import pymongo
 from bson.timestamp import Timestamp
 from loguru import logger
 
@@ -53,6 +55,15 @@ class _Drained(Exception):
     """The planned handover finished: the last checkpoint is saved."""
 
 
+def _buffered(stream: Any) -> bool:
+    """Whether ``try_next()`` will answer from the local batch (pymongo 4 internals; on any
+    change this degrades to "no", which is only slower)."""
+    try:
+        return bool(stream._cursor._has_next())
+    except AttributeError:
+        return False
+
+
 class _Tenure:
     def __init__(self, ld: Leadership, previous: _Tenure | None) -> None:
         self.ld = ld
@@ -66,10 +77,12 @@ class ListenerRunner:
     """Subscribe ``listener`` to ``elector``; stream, handle and checkpoint while it leads.
 
     ``max_await_time`` bounds each ``getMore`` and must be at most a quarter of the elector's
-    ``renew_deadline``; ``idle_checkpoint_interval`` is how often an idle stream's advancing
-    resume token is saved; reconnects back off from ``reconnect_backoff`` to
-    ``max_reconnect_backoff`` with jitter; followers check every ``standby_interval`` seconds
-    that the saved token can still be resumed (``None`` disables it).
+    ``renew_deadline``. Under sustained load the checkpoint is saved after a batch at most every
+    ``checkpoint_interval`` seconds (0 = after every batch), and always as soon as the stream
+    has caught up, before a handover and before an invalidate. ``idle_checkpoint_interval`` is
+    how often an idle stream's advancing resume token is saved. Reconnects back off from
+    ``reconnect_backoff`` to ``max_reconnect_backoff`` with jitter. Followers check every
+    ``standby_interval`` seconds that the saved token can still be resumed (``None``: never).
     """
 
     def __init__(
@@ -82,6 +95,7 @@ class ListenerRunner:
         dead_letters: DeadLetterStore | None = None,
         clock: Clock | None = None,
         max_await_time: float = 0.5,
+        checkpoint_interval: float = 1.0,
         idle_checkpoint_interval: float = 5.0,
         reconnect_backoff: float = 0.1,
         max_reconnect_backoff: float = 5.0,
@@ -109,6 +123,8 @@ class ListenerRunner:
         self.dead_letters = dead_letters or DeadLetterStore(self._client)
         self._clock = clock or SYSTEM_CLOCK
         self.max_await_time = max_await_time
+        self._op_timeout = elector.renew_deadline / 2
+        self.checkpoint_interval = checkpoint_interval
         self.idle_checkpoint_interval = idle_checkpoint_interval
         self._backoff = (reconnect_backoff, max_reconnect_backoff)
         self._rng = random.Random(seed)
@@ -248,7 +264,8 @@ class ListenerRunner:
             tenure.done.set()
 
     def _lead(self, tenure: _Tenure, ctx: ListenerContext) -> None:
-        cp = self.checkpoints.load(self.name)
+        with self._bounded():
+            cp = self.checkpoints.load(self.name)
         self._last = cp
         if cp is not None:
             pos = StartPosition.of(cp)
@@ -279,7 +296,8 @@ class ListenerRunner:
                 failures += 1
                 self._reconnect_wait(tenure, ctx, failures, exc)
                 try:
-                    self._last = self.checkpoints.load(self.name) or self._last
+                    with self._bounded():
+                        self._last = self.checkpoints.load(self.name) or self._last
                 except SingletonError as load_exc:
                     logger.warning("checkpoint reload failed: listener={}: {}", self.name, load_exc)
                 pos = StartPosition.of(self._last) if self._last is not None else pos
@@ -293,56 +311,77 @@ class ListenerRunner:
         kwargs = pos.watch_kwargs()
         fresh_time = None
         if pos.fresh:
-            fresh_time = cluster_time(self._client)
+            fresh_time = self._cluster_time()
             kwargs["start_at_operation_time"] = fresh_time
         if lst.full_document is not None:
             kwargs["full_document"] = lst.full_document
         ld = ctx.leadership
-        with target.watch(
-            list(lst.pipeline),
-            max_await_time_ms=max(1, int(self.max_await_time * 1000)),
-            batch_size=lst.batch_size,
-            **kwargs,
-        ) as stream:
+        with self._bounded():
+            opened = target.watch(
+                list(lst.pipeline),
+                max_await_time_ms=max(1, int(self.max_await_time * 1000)),
+                batch_size=lst.batch_size,
+                **kwargs,
+            )
+        with opened as stream:
             self._set(state="streaming")
             if fresh_time is not None:  # a successor must never start from a later "now"
                 self._save(ctx, stream.resume_token, fresh_time)
             batch: list[ChangeEvent] = []
             first_at = last_save = self._clock.monotonic()
+            # Handled but not yet saved (under sustained load a checkpoint is written at most
+            # every ``checkpoint_interval``; a crash replays at most that much).
+            pending: tuple[Any, Timestamp | None] | None = None
             while True:
                 if tenure.drain.is_set():
                     if batch:
-                        self._flush(ctx, batch, stream.resume_token)
-                    elif stream.resume_token != self._saved_token():
-                        self._save(ctx, stream.resume_token)
+                        self._flush(ctx, batch)
+                    if stream.resume_token != self._saved_token():
+                        self._save(
+                            ctx, stream.resume_token, None if pending is None else pending[1]
+                        )
                     raise _Drained
                 if ld.lost.is_set():
                     ctx.check()
-                event = stream.try_next()
+                if _buffered(stream):  # no I/O: skip the timeout context (a hot path)
+                    event = stream.try_next()
+                else:
+                    with self._bounded():
+                        event = stream.try_next()
                 now = self._clock.monotonic()
-                if event is None:
+                if event is None:  # caught up: save what was handled, or the idle advance
                     if batch:
-                        self._flush(ctx, batch, stream.resume_token)
-                        batch, last_save = [], now
-                    elif (
+                        pending = self._flush(ctx, batch, stream.resume_token)
+                        batch = []
+                    if pending is not None or (
                         now - last_save >= self.idle_checkpoint_interval
                         and stream.resume_token != self._saved_token()
                     ):
-                        self._save(ctx, stream.resume_token)
-                        last_save = now
+                        self._save(
+                            ctx, stream.resume_token, None if pending is None else pending[1]
+                        )
+                        pending, last_save = None, now
                     continue
                 if event.get("operationType") == "invalidate":
                     if batch:
-                        self._flush(ctx, batch, batch[-1]["_id"])
+                        self._save(ctx, *self._flush(ctx, batch, batch[-1]["_id"]))
+                    elif pending is not None:
+                        self._save(ctx, *pending)
                     return self._invalidated(ctx, event)
                 if not batch:
                     first_at = now
                 batch.append(event)
                 if len(batch) >= lst.batch_size or now - first_at >= lst.max_batch_wait:
-                    self._flush(ctx, batch, stream.resume_token)
-                    batch, last_save = [], now
+                    pending = self._flush(ctx, batch, stream.resume_token)
+                    batch = []
+                    if now - last_save >= self.checkpoint_interval:
+                        self._save(ctx, *pending)
+                        pending, last_save = None, now
 
-    def _flush(self, ctx: ListenerContext, batch: Sequence[ChangeEvent], token: Any) -> None:
+    def _flush(
+        self, ctx: ListenerContext, batch: Sequence[ChangeEvent], token: Any = None
+    ) -> tuple[Any, Timestamp | None]:
+        """Deliver ``batch``; return the position after it, to be saved by the caller."""
         handler = PoisonHandler(
             self.listener.handle_batch,
             self.dead_letters,
@@ -355,7 +394,7 @@ class ListenerRunner:
             self._status["events_handled"] += len(batch) - handler.dead_lettered
             self._status["dead_lettered"] += handler.dead_lettered
             self._status["batches"] += 1
-        self._save(ctx, token, batch[-1].get("clusterTime"))
+        return token, batch[-1].get("clusterTime")
 
     def _invalidated(self, ctx: ListenerContext, event: ChangeEvent) -> StartPosition:
         logger.info("stream invalidated: listener={} token={}", self.name, ctx.token)
@@ -366,7 +405,7 @@ class ListenerRunner:
 
     def _sync(self, ctx: ListenerContext, why: str) -> StartPosition:
         """Take the cluster time first, copy, checkpoint that time, then stream from it."""
-        at = cluster_time(self._client)
+        at = self._cluster_time()
         logger.info("{} starting: listener={} token={} from={}", why, self.name, ctx.token, at)
         self._set(state="syncing")
         ctx.check()
@@ -395,8 +434,9 @@ class ListenerRunner:
             ) from exc
         if policy == "resync":
             return self._sync(ctx, "resync")
-        now = cluster_time(self._client)
-        self.dead_letters.record_gap(ctx, since, now, f"history lost: {exc}")
+        now = self._cluster_time()
+        with self._bounded():
+            self.dead_letters.record_gap(ctx, since, now, f"history lost: {exc}")
         self._save(ctx, None, now)
         return StartPosition(at_time=now)
 
@@ -448,10 +488,20 @@ class ListenerRunner:
         ld = ctx.leadership
         cp = Checkpoint(self.name, token, max(times), ld.token, ld.holder, start_after=start_after)
         ctx.check()
-        self.checkpoints.save(cp)
+        with self._bounded():
+            self.checkpoints.save(cp)
         self._last = cp
         self._set(last_checkpoint_cluster_time=cp.cluster_time, last_checkpoint_at=self._wall())
         logger.debug("checkpoint: listener={} token={} at={}", self.name, ld.token, cp.cluster_time)
+
+    def _bounded(self) -> contextlib.AbstractContextManager[None]:
+        """Every MongoDB call of the worker (server selection included) ends within half the
+        renew deadline, so a lost lease is noticed in time whatever the network does."""
+        return pymongo.timeout(self._op_timeout)
+
+    def _cluster_time(self) -> Timestamp:
+        with self._bounded():
+            return cluster_time(self._client)
 
     def _wall(self) -> float:
         return self._clock.time()

@@ -128,7 +128,9 @@ def make_runner(
         release_timeout=0.55,
         cooldown=kw.pop("cooldown", None),
     )
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(url, tz_aware=True)
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+        url, tz_aware=True, heartbeatFrequencyMS=500
+    )
     kw.setdefault("standby_interval", None)
     kw.setdefault("idle_checkpoint_interval", 0.3)
     return ListenerRunner(

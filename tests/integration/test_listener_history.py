@@ -1,0 +1,127 @@
+"""History lost (286) on a tiny oplog: each on_history_lost policy runs exactly once, with one
+ERROR log; resync calls initial_sync, resume_from_now records a gap; and poison events."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pymongo
+import pytest
+
+from listeners import MongoCheckpointStore
+from singleton.embedded import MongoServer, wait_until
+from singleton.testing import MemoryLeaseBackend
+from tests.integration.test_listener_support import (
+    LogCapture,
+    Recorder,
+    SyncingRecorder,
+    make_runner,
+)
+
+
+@pytest.fixture(scope="module")
+def small_oplog() -> Iterator[MongoServer]:
+    with MongoServer(oplog_max_entries=50) as server:
+        yield server
+
+
+@pytest.mark.parametrize("policy", ["fail", "resync", "resume_from_now"])
+def test_history_lost_policy_runs_once(policy: str, small_oplog: MongoServer, unique: str) -> None:
+    url = small_oplog.url
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(url, tz_aware=True)
+    db = f"t{unique}"
+    coll = client[db]["events"]
+    store = MongoCheckpointStore(client, database=db)
+    backend = MemoryLeaseBackend()
+
+    def listener() -> SyncingRecorder:
+        return SyncingRecorder(database=db, collection="events", on_history_lost=policy)
+
+    first = listener()
+    runner = make_runner(url, db, backend, first, "a", store).start()
+    try:
+        wait_until(lambda: runner.status()["state"] == "streaming", 10, what="streaming")
+        coll.insert_many([{"_id": i} for i in range(5)])
+        wait_until(lambda: len(first.keys()) == 5, 10, what="5 handled")
+    finally:
+        runner.stop()
+    saved = store.load(first.lease_name)
+    assert saved is not None
+    for start in range(100, 2100, 500):  # 2,000 writes: the oplog prunes past the checkpoint
+        coll.insert_many([{"_id": i} for i in range(start, start + 500)])
+
+    second = listener()
+    with LogCapture() as logs:
+        runner = make_runner(url, db, backend, second, "b", store).start()
+        try:
+            if policy == "fail":
+                wait_until(lambda: runner.status()["state"] == "failed", 10, what="failed")
+            else:
+                wait_until(lambda: runner.status()["state"] == "streaming", 10, what="streaming")
+                coll.insert_many([{"_id": i} for i in range(10_000, 10_005)])
+                wait_until(lambda: len(second.keys()) == 5, 10, what="new writes handled")
+        finally:
+            runner.stop()
+    status = runner.status()
+    assert status["history_lost"] == 1, status
+    lost_logs = [m for m in logs.errors if "history lost" in m]
+    assert len(lost_logs) == 1, logs.errors
+    gaps = list(client[db]["gaps"].find())
+    if policy == "fail":
+        assert "HistoryLostError" in (status["last_error"] or "") or "oplog" in status["last_error"]
+        assert second.keys() == [] and gaps == []
+        after = store.load(first.lease_name)
+        assert after is not None and after.cluster_time == saved.cluster_time
+    elif policy == "resync":
+        assert second.syncs == 1 and gaps == []
+    else:
+        assert second.syncs == 0
+        assert len(gaps) == 1
+        gap = gaps[0]
+        assert gap["from_cluster_time"] == saved.cluster_time
+        assert gap["to_cluster_time"] > saved.cluster_time
+        assert gap["listener"] == second.lease_name and gap["fencing_token"] == 2
+        assert "history lost" in gap["reason"]
+
+
+@pytest.mark.parametrize("on_poison", ["dead_letter", "stop"])
+def test_poison_event(on_poison: str, mongo_url: str, unique: str) -> None:
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url, tz_aware=True)
+    db = f"t{unique}"
+    listener = Recorder(database=db, collection="p", max_retries=2, on_poison=on_poison)
+    calls = {"n": 0}
+
+    def poisoned(event: Any) -> bool:
+        if event["documentKey"]["_id"] == 7:
+            calls["n"] += 1
+            return True
+        return False
+
+    listener.fail = poisoned
+    runner = make_runner(mongo_url, db, MemoryLeaseBackend(), listener, "a").start()
+    try:
+        wait_until(lambda: runner.status()["state"] == "streaming", 10, what="streaming")
+        client[db]["p"].insert_many([{"_id": i} for i in range(20)])
+        if on_poison == "stop":
+            wait_until(lambda: runner.status()["state"] == "failed", 10, what="stopped")
+        else:
+            wait_until(lambda: runner.status()["dead_lettered"] == 1, 10, what="dead-lettered")
+            client[db]["p"].insert_one({"_id": 20})
+            wait_until(lambda: len(listener.keys()) == 20, 10, what="the rest handled")
+    finally:
+        runner.stop()
+    letters = list(client[db]["dead_letters"].find())
+    if on_poison == "stop":
+        assert letters == []
+        assert "PoisonEventError" in runner.status()["last_error"]
+        assert 7 not in [e["documentKey"]["_id"] for _k, _t, e in listener.handled]
+        return
+    handled = sorted(e["documentKey"]["_id"] for _k, _t, e in listener.handled)
+    assert handled == [i for i in range(21) if i != 7]
+    assert len(letters) == 1
+    letter = letters[0]
+    assert letter["event"]["documentKey"]["_id"] == 7
+    assert letter["attempts"] == 3  # 1 + max_retries
+    assert letter["fencing_token"] == 1 and "poison" in letter["error"]
+    assert letter["listener"] == listener.lease_name
