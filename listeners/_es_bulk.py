@@ -27,6 +27,7 @@ from loguru import logger as _default_logger
 
 from listeners._es_http import EsUnavailableError, Transport, error_text
 from singleton.errors import SinkError
+from singleton.unsafe import fencing_disabled
 
 #: Item or request statuses worth retrying: overload, gateway trouble, unavailable shards.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -47,14 +48,9 @@ class BulkItem:
 
     def encoded(self) -> bytes:
         if not self._encoded:
-            meta = {
-                self.op: {
-                    "_index": self.index,
-                    "_id": self.doc_id,
-                    "version": self.version,
-                    "version_type": "external",
-                }
-            }
+            meta: dict[str, dict[str, Any]] = {self.op: {"_index": self.index, "_id": self.doc_id}}
+            if not fencing_disabled():  # the drill's unsafe mode: last writer wins
+                meta[self.op].update(version=self.version, version_type="external")
             line = json.dumps(meta, separators=(",", ":")).encode() + b"\n"
             if self.op == "index":
                 line += (self.source or b"{}") + b"\n"

@@ -26,6 +26,7 @@ from singleton.errors import (
     PermissionDeniedError,
     StaleWriterError,
 )
+from singleton.unsafe import fencing_disabled
 
 if TYPE_CHECKING:
     import redis
@@ -191,7 +192,9 @@ class MongoCheckpointStore(CheckpointStore):
         """One conditional upsert; ``False`` when the stored document refuses the write."""
         import pymongo.errors as pe
 
-        cond: dict[str, Any] = {"_id": name, "fencing_token": {"$lte": token}}
+        cond: dict[str, Any] = {"_id": name}
+        if not fencing_disabled():
+            cond["fencing_token"] = {"$lte": token}
         if ct is not None:
             cond["$or"] = [{"cluster_time": {"$lte": ct}}, {"cluster_time": None}]
         update = {"$set": {**fields, "fencing_token": token}, "$currentDate": {"updated_at": True}}
@@ -248,6 +251,7 @@ class MongoCheckpointStore(CheckpointStore):
 # ARGV[1] mode ("cp" = checkpoint, "progress")   ARGV[2] fencing token
 # ARGV[3] holder   ARGV[4] payload (JSON: resume token, or progress; "" = none)
 # ARGV[5] cluster time seconds   ARGV[6] cluster time increment   ARGV[7] start_after (0/1)
+# ARGV[8] "1" skips the fencing check (singleton.unsafe, tests only)
 # returns {1} when written, {0, stored_token, stored_t, stored_i} when refused.
 # Cluster times compare as (t, i) pairs; TIME is the server's clock, for display only.
 _SAVE_LUA = """
@@ -255,7 +259,7 @@ local stored = tonumber(redis.call('HGET', KEYS[1], 'fencing') or '-1')
 local token = tonumber(ARGV[2])
 local st = tonumber(redis.call('HGET', KEYS[1], 'ct_t') or '-1')
 local si = tonumber(redis.call('HGET', KEYS[1], 'ct_i') or '-1')
-if token < stored then return {0, stored, st, si} end
+if token < stored and ARGV[8] ~= '1' then return {0, stored, st, si} end
 local now = redis.call('TIME')
 if ARGV[1] == 'cp' then
   local t = tonumber(ARGV[5])
@@ -330,6 +334,7 @@ class RedisCheckpointStore(CheckpointStore):
 
     def _run(self, name: str, args: list[Any]) -> list[int]:
         with _redis_errors(f"save {args[0]} {name!r}"):
+            args = [*args, "1" if fencing_disabled() else "0"]
             return [int(x) for x in self._script(keys=[self._key(name)], args=args)]
 
     def save(self, checkpoint: Checkpoint) -> None:

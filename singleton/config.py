@@ -40,6 +40,8 @@ else:  # pragma: no cover
     import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 ENV_PREFIX = "SINGLETON_"
+#: ``SINGLETON_*`` variables that are not configuration keys (read where they are used).
+NOT_CONFIG_ENV = frozenset({"SINGLETON_UNSAFE_DISABLE_FENCING", "SINGLETON_AUDIT_FILE"})
 BACKENDS = ("redis", "mongo")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
@@ -190,7 +192,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """``SINGLETON_REDIS_URL`` -> ``{"redis_url": ...}``; ``SINGLETON_LEASE__TTL`` -> nested."""
     out: dict[str, Any] = {}
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX):
+        if not name.startswith(ENV_PREFIX) or name in NOT_CONFIG_ENV:
             continue
         key = name[len(ENV_PREFIX) :].lower()
         if "__" in key:
