@@ -31,6 +31,7 @@ from listeners._streams import (
     cluster_time,
     token_time,
 )
+from listeners.audit import audit_from_env, ts_pair
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext, StopReason
 from listeners.checkpoint import Checkpoint, CheckpointStore, MongoCheckpointStore, mongo_client
 from listeners.deadletter import DeadLetterStore, PoisonEventError, PoisonHandler
@@ -132,6 +133,8 @@ class ListenerRunner:
         self._tenure: _Tenure | None = None
         self._stopping = threading.Event()
         self._started = False
+        #: the drill's evidence (``SINGLETON_AUDIT_FILE``; see listeners.audit)
+        self._audit = audit_from_env(elector.identity)
         self._status: dict[str, Any] = {
             "listener": self.name,
             "state": "follower",
@@ -182,6 +185,8 @@ class ListenerRunner:
             tenure.thread.join(timeout)
         self.standby.stop(timeout)
         self._set(state="stopped")
+        if self._audit is not None:
+            self._audit.close()
         if self._owns_client:
             self._client.close()
         logger.info("listener runner stopped: listener={}", self.name)
@@ -201,6 +206,8 @@ class ListenerRunner:
                 return
             tenure = _Tenure(ld, self._tenure)
             self._tenure = tenure
+        if self._audit is not None:
+            self._audit.record("elected", token=ld.token)
         tenure.thread = threading.Thread(
             target=self._run_tenure, args=(tenure,), name=f"listener-{self.name}", daemon=True
         )
@@ -208,6 +215,8 @@ class ListenerRunner:
 
     def _on_lost(self, ld: Leadership, reason: str) -> None:
         logger.info("listener tenure over ({}): listener={} token={}", reason, self.name, ld.token)
+        if self._audit is not None:
+            self._audit.record("lost", token=ld.token, reason=reason)
 
     def _drain(self, ld: Leadership) -> None:
         tenure = self._tenure
@@ -389,7 +398,11 @@ class ListenerRunner:
             policy=self.listener.on_poison,
             rng=self._rng,
         )
+        sent = self._audit.now() if self._audit is not None else 0.0
         handler.deliver(batch, ctx)
+        if self._audit is not None:
+            last = batch[-1].get("clusterTime")
+            self._audit.record("batch", token=ctx.token, n=len(batch), ct=ts_pair(last), sent=sent)
         with self._lock:
             self._status["events_handled"] += len(batch) - handler.dead_lettered
             self._status["dead_lettered"] += handler.dead_lettered
@@ -488,8 +501,11 @@ class ListenerRunner:
         ld = ctx.leadership
         cp = Checkpoint(self.name, token, max(times), ld.token, ld.holder, start_after=start_after)
         ctx.check()
+        sent = self._audit.now() if self._audit is not None else 0.0
         with self._bounded():
             self.checkpoints.save(cp)
+        if self._audit is not None:
+            self._audit.record("checkpoint", token=ld.token, ct=ts_pair(cp.cluster_time), sent=sent)
         self._last = cp
         self._set(last_checkpoint_cluster_time=cp.cluster_time, last_checkpoint_at=self._wall())
         logger.debug("checkpoint: listener={} token={} at={}", self.name, ld.token, cp.cluster_time)
