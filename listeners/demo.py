@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
+from listeners._cluster import ReplicaProcess, Writer, es_listener_toml
 from singleton.config import load_config
 from singleton.embedded import ElasticServer, MongoServer, RedisServer, wait_until
 from singleton.errors import SingletonError
@@ -33,88 +31,6 @@ from singleton.logs import setup_logging
 from singleton.service import make_backend
 
 DATABASE, COLLECTION, INDEX, LEASE = "demo", "orders", "demo-orders", "orders-to-es"
-
-
-@dataclass
-class ReplicaProcess:
-    identity: str
-    argv: list[str]
-    log_path: Path
-    env: dict[str, str]
-    proc: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
-
-    def start(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=self.env,
-            start_new_session=True,
-        )
-        log.close()
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, sig)
-
-    def wait(self, timeout: float) -> int | None:
-        if self.proc is None:
-            return None
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def stop(self) -> None:
-        self.signal(signal.SIGTERM)
-        if self.wait(15) is None:
-            self.signal(signal.SIGKILL)
-            self.wait(5)
-
-
-@dataclass
-class Writer:
-    """Inserts, updates, replaces and deletes at ``rate`` operations per second."""
-
-    collection: Any
-    rate: float
-    seed: int = 7
-    ops: int = 0
-    stop_event: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        rng = random.Random(self.seed)
-        next_at = time.monotonic()
-        live: list[int] = [d["_id"] for d in self.collection.find({}, {"_id": 1})]
-        next_id = max(live, default=0) + 1
-        while not self.stop_event.is_set():
-            roll = rng.random()
-            with contextlib.suppress(Exception):  # a failed write is simply not counted
-                if roll < 0.45 or len(live) < 20:
-                    self.collection.insert_one(
-                        {"_id": next_id, "sku": f"sku-{rng.randrange(500)}", "qty": 1, "v": 0}
-                    )
-                    live.append(next_id)
-                    next_id += 1
-                elif roll < 0.8:
-                    self.collection.update_one(
-                        {"_id": rng.choice(live)}, {"$inc": {"qty": 1, "v": 1}}
-                    )
-                elif roll < 0.9:
-                    target = rng.choice(live)
-                    self.collection.replace_one(
-                        {"_id": target}, {"sku": "replaced", "qty": rng.randrange(9), "v": -1}
-                    )
-                else:
-                    target = live.pop(rng.randrange(len(live)))
-                    self.collection.delete_one({"_id": target})
-                self.ops += 1
-            next_at += 1.0 / self.rate
-            self.stop_event.wait(max(0.0, next_at - time.monotonic()))
 
 
 def _write_config(
@@ -135,13 +51,7 @@ retry_interval = 0.5
 max_tenure = {max(10.0, duration):.1f}
 cooldown = 1.0
 
-[[listeners]]
-use = "elasticsearch"
-name = "{LEASE}"
-database = "{DATABASE}"
-collection = "{COLLECTION}"
-index = "{INDEX}"
-"""
+{es_listener_toml(LEASE, DATABASE, COLLECTION, INDEX)}"""
     )
 
 
