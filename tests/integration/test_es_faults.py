@@ -1,0 +1,69 @@
+"""Through a proxy that answers 429 for 30 % of bulk items nothing is lost; a document that
+violates the mapping is dead-lettered and the rest flow on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pymongo
+import pytest
+
+from listeners._es_verify import compare
+from listeners.deadletter import DeadLetterStore
+from listeners.elasticsearch import ElasticsearchSync
+from tests.integration.es_proxy import BulkRejectingProxy
+from tests.integration.es_support import (
+    Tenures,
+    cluster_time,
+    context,
+    events_until_marker,
+    put_marker,
+    random_workload,
+)
+
+
+@pytest.fixture
+def client(mongo_url: str) -> Iterator[pymongo.MongoClient[dict[str, Any]]]:
+    c: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    yield c
+    c.close()
+
+
+def test_429_for_30_percent_of_items_loses_nothing_and_bad_documents_are_dead_lettered(
+    client: pymongo.MongoClient[dict[str, Any]], es_url: str, unique: str
+) -> None:
+    db = f"es{unique}"
+    coll = client[db]["docs"]
+    dead = DeadLetterStore(client, database=f"dl{unique}")
+    with BulkRejectingProxy(es_url, reject_ratio=0.3, seed=3) as proxy:
+        listener = ElasticsearchSync(
+            database=db,
+            collection="docs",
+            es=proxy.url,
+            backoff_base=0.01,
+            backoff_max=0.2,
+            mappings={"properties": {"n": {"type": "long"}}},
+            dead_letters=dead,
+            bulk_actions=200,
+        )
+        ctx = context(Tenures(listener.lease_name).next(), client, listener.lease_name)
+        start = cluster_time(client)
+        random_workload(client, coll, 1500, seed=9, ids=400)
+        coll.insert_one({"_id": "bad", "n": "not a number", "ok": False})
+        coll.insert_many([{"_id": f"after{i}", "n": i} for i in range(50)])
+        put_marker(coll)
+        for batch in events_until_marker(coll, start):
+            listener.handle_batch(batch, ctx)
+        assert proxy.rejected > 100, proxy.rejected
+        assert listener._writer is not None and listener._writer.stats.retried >= proxy.rejected
+        listener.close()
+
+    diff = compare(coll, es_url, listener.index_name)
+    assert diff.missing == ["bad"], diff
+    assert not diff.stale and not diff.extra, diff
+    letters = list(dead.dead_letters.find({"listener": listener.lease_name}))
+    assert [d["event"]["documentKey"]["_id"] for d in letters] == ["bad"], letters
+    assert letters[0]["event"]["status"] == 400
+    assert "not a number" in letters[0]["event"]["source"]
+    assert letters[0]["fencing_token"] == ctx.token

@@ -1,0 +1,110 @@
+"""The external-version encoding: order-preserving, unique, inside a signed 64-bit integer, and
+the same for the same event however often it is delivered."""
+
+from __future__ import annotations
+
+import bson
+import pytest
+from bson.timestamp import Timestamp
+from hypothesis import given
+from hypothesis import strategies as st
+
+from listeners import versioning as v
+
+seconds = st.integers(v.EPOCH, v.EPOCH + v.MAX_SECONDS)
+increments = st.integers(0, v.MAX_INCREMENT)
+positions = st.integers(0, v.MAX_POSITION)
+points = st.tuples(seconds, increments, positions)
+
+
+@given(points, points)
+def test_order_is_preserved(a: tuple[int, int, int], b: tuple[int, int, int]) -> None:
+    va, vb = v.encode(*a), v.encode(*b)
+    assert (va < vb) == (a < b)
+    assert (va == vb) == (a == b)
+
+
+@given(points)
+def test_range_and_round_trip(p: tuple[int, int, int]) -> None:
+    version = v.encode(*p)
+    assert 0 <= version <= 2**63 - 1
+    assert v.decode(version) == p
+
+
+def test_centuries_of_headroom() -> None:
+    year_2260 = 9_151_488_000
+    assert v.encode(year_2260, v.MAX_INCREMENT, v.MAX_POSITION) < 2**63
+    assert v.EPOCH + v.MAX_SECONDS > year_2260
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (v.EPOCH - 1, 0, 0),
+        (v.EPOCH + v.MAX_SECONDS + 1, 0, 0),
+        (v.EPOCH, v.MAX_INCREMENT + 1, 0),
+        (v.EPOCH, 0, v.MAX_POSITION + 1),
+        (v.EPOCH, -1, 0),
+    ],
+)
+def test_overflow_raises(args: tuple[int, int, int]) -> None:
+    with pytest.raises(v.VersionOverflowError):
+        v.encode(*args)
+
+
+def ks_uint(n: int) -> bytes:
+    if n == 0:
+        return bytes([41])
+    raw = n << 1
+    size = max(1, (raw.bit_length() + 7) // 8)
+    return bytes([42 + size]) + raw.to_bytes(size, "big")
+
+
+def keystring_token(ts: Timestamp, txn_op_index: int, token_version: int = 2) -> str:
+    data = bytes([130]) + ((ts.time << 32) | ts.inc).to_bytes(8, "big")
+    data += ks_uint(token_version)
+    if token_version >= 1:
+        data += ks_uint(128)  # tokenType: event token
+    data += ks_uint(txn_op_index) + bytes([110]) + b"\x5a\x10\x04" + bytes(16) + b"\x04"
+    return data.hex().upper()
+
+
+@given(st.integers(0, 2**32 - 1), increments, st.integers(0, 10**6), st.sampled_from([0, 1, 2]))
+def test_keystring_txn_op_index(secs: int, inc: int, idx: int, token_version: int) -> None:
+    token = keystring_token(Timestamp(secs, inc), idx, token_version)
+    assert v.keystring_txn_op_index(bytes.fromhex(token)) == idx
+
+
+def secantus_event(seq: int, ts: Timestamp, txn: bool) -> dict[str, object]:
+    data = bson.encode({"s": seq, "t": ts, "n": "db.c", "k": {"_id": seq}}).hex()
+    event: dict[str, object] = {"_id": {"_data": data}, "clusterTime": ts}
+    if txn:
+        event["txnNumber"] = 1
+    return event
+
+
+@given(
+    st.lists(st.integers(1, 40), min_size=1, max_size=30),
+    st.integers(0, 10**9),
+    st.data(),
+)
+def test_versions_of_a_stream_increase_and_survive_a_mid_transaction_resume(
+    txn_sizes: list[int], first_seq: int, data: st.DataObject
+) -> None:
+    """A stream of transactions (events sharing a cluster time, consecutive sequences):
+    versions strictly increase, and a versioner started in the middle of a transaction (a resumed
+    stream) gives the same versions, because the position comes from the oplog anchor."""
+    events = []
+    anchors: dict[Timestamp, int] = {}
+    seq = first_seq
+    for i, size in enumerate(txn_sizes):
+        ts = Timestamp(v.EPOCH + 1000 + i // 3, (i % 3) + 1)
+        anchors[ts] = seq
+        for _ in range(size):
+            events.append(secantus_event(seq, ts, txn=size > 1))
+            seq += 1
+    full = [v.EventVersioner(anchors.get).version(e) for e in events]
+    assert all(a < b for a, b in zip(full, full[1:], strict=False))
+    cut = data.draw(st.integers(0, len(events) - 1))
+    resumed = v.EventVersioner(anchors.get)
+    assert [resumed.version(e) for e in events[cut:]] == full[cut:]
