@@ -11,6 +11,7 @@ import pymongo
 import pytest
 
 from singleton.embedded import wait_until
+from singleton.errors import BackendUnavailableError
 from singleton.testing import MemoryLeaseBackend
 from tests.integration.test_listener_support import (
     Recorder,
@@ -52,7 +53,15 @@ def test_crashed_leader_successor_handles_everything(
         if crash == "lease_expired":
             # The store forgets A's lease early, so A still believes it leads while B writes:
             # only the checkpoint store's fencing stands between A and a regression.
-            backend.expire(a.listener.lease_name)
+            # A's elector may win the free lease back before B does (its worker stays hung
+            # behind the old tenure): expire again until B holds it.
+            for _ in range(20):
+                backend.expire(a.listener.lease_name)
+                try:
+                    wait_until(lambda: b.elector.is_leader, 1.0, what="B elected")
+                    break
+                except BackendUnavailableError:
+                    continue
         else:
             # A's elector stops without releasing; the drain cannot finish (A is hung), so the
             # lease is left to expire.
