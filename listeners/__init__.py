@@ -10,6 +10,7 @@ from listeners.checkpoint import (
     RedisCheckpointStore,
 )
 from listeners.deadletter import DeadLetterStore, PoisonEventError
+from listeners.elasticsearch import ElasticsearchSync as ElasticsearchSync
 from listeners.logging import LoggingListener
 from listeners.runner import ListenerRunner
 
