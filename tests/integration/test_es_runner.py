@@ -1,0 +1,59 @@
+"""ElasticsearchSync under the real ListenerRunner: initial sync of existing documents, streaming
+under a random workload, and a planned handover to a second replica in the middle of it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pymongo
+
+from listeners._es_verify import Diff, compare
+from listeners.checkpoint import MongoCheckpointStore
+from listeners.elasticsearch import ElasticsearchSync
+from singleton.embedded import wait_until
+from singleton.testing import MemoryLeaseBackend
+from tests.integration.es_support import random_workload
+from tests.integration.test_listener_support import make_runner
+
+
+def test_runner_initial_sync_streaming_and_handover(
+    mongo_url: str, es_url: str, unique: str
+) -> None:
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    db = f"es{unique}"
+    coll = client[db]["docs"]
+    coll.insert_many([{"_id": i, "n": i, "seed": True} for i in range(3000)])
+    backend = MemoryLeaseBackend()
+    store = MongoCheckpointStore(client, database=db)
+
+    def listener() -> ElasticsearchSync:
+        return ElasticsearchSync(database=db, collection="docs", es=es_url, ttl=1.0)
+
+    a_listener, b_listener = listener(), listener()
+    a = make_runner(mongo_url, db, backend, a_listener, "a", store).start()
+    b = None
+    last: list[Diff] = []
+
+    def converged() -> bool:
+        last[:] = [compare(coll, es_url, a_listener.index_name)]
+        return last[0].ok
+
+    try:
+        wait_until(lambda: a.status()["state"] == "streaming", 60, what="A synced and streaming")
+        random_workload(client, coll, 600, seed=21, ids=3200)
+        b = make_runner(mongo_url, db, backend, b_listener, "b", store).start()
+        a.stop()  # planned handover: A drains, checkpoints and releases
+        wait_until(lambda: b.status()["state"] == "streaming", 30, what="B streaming")
+        random_workload(client, coll, 600, seed=22, ids=3200)
+        try:
+            wait_until(converged, 60, interval=0.5, what="index equals collection")
+        except Exception:
+            raise AssertionError(f"index never converged: {last[0] if last else '?'}") from None
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+        a_listener.close()
+        b_listener.close()
+        client.close()
+    assert last[0].mongo_count > 2500
