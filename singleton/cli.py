@@ -191,11 +191,15 @@ def cmd_drill(args: argparse.Namespace) -> int:
     from singleton.registry import resolve
 
     drill_main = resolve("listeners.drill:main", {}, "drill")
-    return int(drill_main(args.args))
+    rest = list(args.args)
+    return int(drill_main(rest[1:] if rest[:1] == ["--"] else rest))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["drill"]:  # the drill parses its own flags (argparse.REMAINDER cannot)
+        argv = ["drill", "--", *argv[1:]]
     args = parser.parse_args(argv)
     handlers = {"run": cmd_run, "status": cmd_status, "demo": cmd_demo, "drill": cmd_drill}
     try:

@@ -1,0 +1,248 @@
+"""The drill's cluster: servers, one lease-store proxy and one audit file per replica, replicas.
+
+Every replica reaches the lease store through its own :class:`~listeners.drill.proxy.TcpProxy`
+(so one replica can be partitioned while the others keep going), writes its audit trail to its
+own file (:mod:`listeners.audit`), and, when ``clock-jump`` is drilled, runs under libfaketime with
+its own offset file: its wall clock jumps, its monotonic clock does not
+(``FAKETIME_DONT_FAKE_MONOTONIC=1``).
+
+Redis runs with an fsync-always append-only file: the fencing counter lives in Redis, and a
+restart without persistence would start tokens again at 1 (see ``singleton.backends.redis``).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from listeners._cluster import ReplicaProcess, es_listener_toml
+from listeners.audit import ENV as AUDIT_ENV
+from listeners.drill.proxy import TcpProxy
+from singleton.abc import LeaseBackend, LeaseState
+from singleton.config import Config, load_config
+from singleton.embedded import ElasticServer, EmbeddedServer, MongoServer, RedisServer
+from singleton.errors import ConfigurationError, SingletonError
+from singleton.service import make_backend
+from singleton.unsafe import ENV as UNSAFE_ENV
+
+DATABASE, COLLECTION, INDEX, LEASE = "drill", "orders", "drill-orders", "drill-orders"
+NAMESPACE = "singleton-drill"
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Short lease timings: ``max_await_time`` (0.5 s) must stay <= renew_deadline / 4."""
+
+    ttl: float = 2.5
+    renew_interval: float = 0.5
+    renew_deadline: float = 2.0
+    retry_interval: float = 0.25
+    cooldown: float = 1.0
+
+
+class PersistentRedis(RedisServer):
+    """``redis-server`` whose data (the fencing counter) survives a restart."""
+
+    def command(self) -> Sequence[str]:
+        cmd = list(super().command())
+        if self.fake:
+            raise ConfigurationError("the drill needs redis-server on PATH (make sysdeps)")
+        i = cmd.index("--appendonly")
+        cmd[i + 1] = "yes"
+        return [*cmd, "--appendfsync", "always"]
+
+
+def faketime_library() -> str | None:
+    """libfaketimeMT from Debian's ``faketime`` package, if installed."""
+    for pattern in (
+        "/usr/lib/*/faketime/libfaketimeMT.so.1",
+        "/usr/lib/faketime/libfaketimeMT.so.1",
+    ):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def _host_port(url: str, default: int) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or default
+
+
+class DrillCluster:
+    """Starts (or connects to) the servers and N replicas; knows who leads."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        backend: str = "redis",
+        replicas: int = 3,
+        timings: Timings | None = None,
+        redis_url: str | None = None,
+        mongo_url: str | None = None,
+        es_url: str | None = None,
+        unsafe: bool = False,
+        clock_jumps: bool = False,
+    ) -> None:
+        self.workdir = workdir
+        self.backend_name = backend
+        self.n = replicas
+        self.timings = timings or Timings()
+        self.unsafe = unsafe
+        self.clock_jumps = clock_jumps
+        self.redis: PersistentRedis | None = None
+        self.servers: list[EmbeddedServer] = []
+        self.urls = {"redis": redis_url, "mongo": mongo_url, "es": es_url}
+        self.proxies: dict[str, TcpProxy] = {}
+        self.replicas: dict[str, ReplicaProcess] = {}
+        self.audit_paths: dict[str, Path] = {}
+        self.clock_files: dict[str, Path] = {}
+        self.config: Config | None = None
+        self._backend: LeaseBackend | None = None
+
+    # -- start/stop ---------------------------------------------------------------------
+    def start_servers(self) -> None:
+        logs = str(self.workdir)
+        if self.urls["redis"] is None and self.backend_name == "redis":
+            self.redis = PersistentRedis(log_dir=logs)
+            self.servers.append(self.redis)
+            self.urls["redis"] = self.redis.url
+        if self.urls["mongo"] is None:
+            mongo = MongoServer(log_dir=logs)
+            self.servers.append(mongo)
+            self.urls["mongo"] = mongo.url
+        if self.urls["es"] is None:
+            es = ElasticServer(log_dir=logs)
+            self.servers.append(es)
+            self.urls["es"] = es.url
+        for server in self.servers:
+            server.start()
+
+    @property
+    def mongo_url(self) -> str:
+        return str(self.urls["mongo"])
+
+    @property
+    def es_url(self) -> str:
+        return str(self.urls["es"])
+
+    def _write_config(self) -> Path:
+        t = self.timings
+        path = self.workdir / "singleton.toml"
+        redis_url = self.urls["redis"] or "redis://127.0.0.1:6379/0"
+        path.write_text(
+            f"""backend = "{self.backend_name}"
+redis_url = "{redis_url}"
+mongo_url = "{self.mongo_url}"
+es_url = "{self.es_url}"
+namespace = "{NAMESPACE}"
+
+[lease]
+ttl = {t.ttl}
+renew_interval = {t.renew_interval}
+renew_deadline = {t.renew_deadline}
+retry_interval = {t.retry_interval}
+cooldown = {t.cooldown}
+
+{es_listener_toml(LEASE, DATABASE, COLLECTION, INDEX, es=self.es_url, ttl=t.ttl)}"""
+        )
+        self.config = load_config(path)
+        return path
+
+    def start_replicas(self) -> None:
+        config_path = self._write_config()
+        store_url = self.urls["redis"] if self.backend_name == "redis" else self.mongo_url
+        assert store_url is not None
+        host, port = _host_port(store_url, 6379 if self.backend_name == "redis" else 27017)
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith("SINGLETON_")}
+        if self.unsafe:
+            base_env[UNSAFE_ENV] = "1"
+        preload = faketime_library() if self.clock_jumps else None
+        if self.clock_jumps and preload is None:
+            raise ConfigurationError(
+                "clock-jump needs libfaketime: apt-get install -y faketime (make sysdeps)"
+            )
+        for i in range(1, self.n + 1):
+            identity = f"replica-{i}"
+            proxy = TcpProxy(host, port)
+            self.proxies[identity] = proxy
+            argv = [sys.executable, "-m", "singleton.cli", "run", "--config", str(config_path)]
+            argv += ["--identity", identity]
+            if self.backend_name == "redis":
+                argv += ["--redis-url", f"redis://127.0.0.1:{proxy.port}/0"]
+            else:
+                argv += ["--mongo-url", f"mongodb://127.0.0.1:{proxy.port}/?directConnection=true"]
+            env = dict(base_env)
+            audit = self.workdir / f"audit-{identity}.jsonl"
+            self.audit_paths[identity] = audit
+            env[AUDIT_ENV] = str(audit)
+            if preload is not None:
+                clock = self.workdir / f"clock-{identity}.rc"
+                clock.write_text("+0\n")
+                self.clock_files[identity] = clock
+                env.update(
+                    LD_PRELOAD=preload,
+                    FAKETIME_TIMESTAMP_FILE=str(clock),
+                    FAKETIME_DONT_FAKE_MONOTONIC="1",
+                    FAKETIME_CACHE_DURATION="1",
+                )
+            self.replicas[identity] = ReplicaProcess(
+                identity, argv, self.workdir / f"{identity}.log", env
+            )
+        for p in self.replicas.values():
+            p.start()
+
+    def stop(self) -> None:
+        for p in self.replicas.values():
+            p.stop()
+        for proxy in self.proxies.values():
+            proxy.close()
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+        for server in reversed(self.servers):
+            server.resume()
+            server.cleanup()
+
+    # -- observation ----------------------------------------------------------------------
+    def lease_backend(self) -> LeaseBackend:
+        """A lease backend of the drill's own, connected directly (not through a proxy)."""
+        if self._backend is None:
+            assert self.config is not None
+            self._backend = make_backend(self.config)
+        return self._backend
+
+    def checkpoint_store(self, client: Any) -> Any:
+        from listeners.checkpoint import MongoCheckpointStore
+
+        return MongoCheckpointStore(client, database=NAMESPACE)
+
+    def lease_state(self, backend: LeaseBackend | None = None) -> LeaseState | None:
+        try:
+            return (backend or self.lease_backend()).inspect(LEASE)
+        except SingletonError:
+            return None
+
+    def leader(self) -> tuple[ReplicaProcess | None, int | None]:
+        state = self.lease_state()
+        if state is None:
+            return None, None
+        return self.replicas.get(state.identity), state.token
+
+    def describe(self) -> str:
+        lines = [f"  {kind} {url}" for kind, url in self.urls.items() if url]
+        if self.redis is not None:
+            lines.append("  redis: embedded, append-only file fsynced on every write")
+        return "\n".join(lines)
+
+
+def have_faketime() -> bool:
+    return faketime_library() is not None and shutil.which("faketime") is not None

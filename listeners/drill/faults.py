@@ -1,0 +1,183 @@
+"""Fault kinds, the seeded schedule, and how each fault is injected.
+
+The schedule is a pure function of ``(seed, rounds, kinds, ttl)``: the same arguments give the
+same faults in the same order with the same parameters (pause lengths, cut lengths, clock
+offsets), so a failed run can be replayed. Each fault hits whoever leads at that moment; the
+drill waits for a leader that is streaming again before the next one.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from loguru import logger
+
+from listeners.drill.cluster import DrillCluster
+from singleton.errors import ConfigurationError
+
+#: kind -> share of the default mix (``make drill``: 100 rounds -> 30 stops)
+DEFAULT_MIX: dict[str, float] = {
+    "stop": 0.30,
+    "kill": 0.15,
+    "term": 0.12,
+    "rotate": 0.12,
+    "net-cut": 0.10,
+    "redis-restart": 0.07,
+    "redis-pause": 0.07,
+    "clock-jump": 0.07,
+}
+KINDS = tuple(DEFAULT_MIX)
+REDIS_KINDS = ("redis-restart", "redis-pause")
+#: faults after which the old tenure ends by itself (drain and release) before the takeover
+PLANNED = ("term", "rotate")
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    index: int
+    kind: str
+    #: seconds the fault lasts (stop, redis-pause, net-cut) or the clock offset (clock-jump)
+    param: float
+    #: seconds to wait once a leader streams again, before injecting
+    settle: float
+
+    def describe(self) -> str:
+        if self.kind == "clock-jump":
+            return f"clock-jump {self.param:+.0f}s"
+        if self.kind in ("stop", "redis-pause", "net-cut"):
+            return f"{self.kind} {self.param:.1f}s"
+        return self.kind
+
+
+@dataclass
+class FaultRecord:
+    """One injected fault: when (monotonic), whom, and the token that led before it."""
+
+    index: int
+    kind: str
+    param: float
+    at: float
+    victim: str | None
+    token: int | None
+    end: float = 0.0
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_kinds(text: str | None, backend: str) -> list[str]:
+    """``--faults`` -> kinds (default: every kind that applies to ``backend``)."""
+    if not text:
+        return [k for k in KINDS if backend == "redis" or k not in REDIS_KINDS]
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    for k in kinds:
+        if k not in KINDS:
+            raise ConfigurationError(f"--faults: unknown fault {k!r}; known: {', '.join(KINDS)}")
+        if k in REDIS_KINDS and backend != "redis":
+            raise ConfigurationError(f"--faults: {k} needs --backend redis")
+    return list(dict.fromkeys(kinds))
+
+
+def plan(seed: int, rounds: int, kinds: list[str], ttl: float) -> list[PlannedFault]:
+    """``rounds`` faults over ``kinds`` in the default mix's proportions, shuffled by ``seed``."""
+    if rounds < 1:
+        raise ConfigurationError(f"--rounds must be >= 1, got {rounds}")
+    weights = {k: DEFAULT_MIX[k] for k in kinds}
+    total = sum(weights.values())
+    exact = {k: rounds * w / total for k, w in weights.items()}
+    counts = {k: int(v) for k, v in exact.items()}
+    by_remainder = sorted(kinds, key=lambda k: (counts[k] - exact[k], kinds.index(k)))
+    for k in by_remainder[: rounds - sum(counts.values())]:
+        counts[k] += 1
+    rng = random.Random(seed)
+    sequence = [k for k in kinds for _ in range(counts[k])]
+    rng.shuffle(sequence)
+    out = []
+    for i, kind in enumerate(sequence):
+        if kind == "stop":
+            param = rng.uniform(2.0, 5.0) * ttl
+        elif kind == "redis-pause":
+            param = rng.uniform(0.2, 1.2) * ttl
+        elif kind == "net-cut":
+            param = rng.uniform(1.5, 2.5) * ttl
+        elif kind == "clock-jump":
+            param = rng.choice((-1.0, 1.0)) * rng.uniform(60.0, 7200.0)
+        else:
+            param = 0.0
+        out.append(PlannedFault(i, kind, round(param, 3), round(rng.uniform(0.3, 1.0), 3)))
+    return out
+
+
+class Injector:
+    """Applies planned faults to a :class:`DrillCluster`."""
+
+    def __init__(self, cluster: DrillCluster, stop: threading.Event) -> None:
+        self.cluster = cluster
+        self._stop = stop
+
+    def _wait(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    def inject(self, fault: PlannedFault) -> FaultRecord:
+        c = self.cluster
+        victim, token = c.leader()
+        rec = FaultRecord(
+            fault.index,
+            fault.kind,
+            fault.param,
+            time.monotonic(),
+            victim.identity if victim else None,
+            token,
+        )
+        kind = fault.kind
+        logger.info(
+            "fault {}: {} on {} (token {})", fault.index, fault.describe(), rec.victim, token
+        )
+        if kind in ("kill", "stop", "term", "rotate", "net-cut", "clock-jump") and victim is None:
+            rec.note = "no leader to hit"
+        elif kind in ("kill", "term"):  # a crash, or a planned exit (drain, release); restart
+            assert victim is not None
+            victim.signal(signal.SIGKILL if kind == "kill" else signal.SIGTERM)
+            code = victim.wait(20)
+            rec.note = f"exit {code}"
+            if code is None:
+                victim.signal(signal.SIGKILL)
+                victim.wait(5)
+            victim.restart()
+        elif kind == "stop":
+            assert victim is not None
+            victim.signal(signal.SIGSTOP)
+            self._wait(fault.param)
+            victim.signal(signal.SIGCONT)
+        elif kind == "rotate":
+            assert victim is not None
+            victim.signal(signal.SIGUSR1)
+        elif kind == "net-cut":
+            assert victim is not None
+            proxy = c.proxies[victim.identity]
+            proxy.blackhole()
+            self._wait(fault.param)
+            proxy.restore()
+        elif kind == "clock-jump":
+            assert victim is not None
+            clock = c.clock_files[victim.identity]
+            clock.write_text(f"{fault.param:+.0f}\n")
+            rec.note = f"wall clock {fault.param:+.0f}s"
+        elif kind in ("redis-restart", "redis-pause"):
+            if c.redis is None:
+                raise ConfigurationError(f"{kind} needs the embedded Redis")
+            if kind == "redis-restart":
+                c.redis.restart()
+            else:
+                c.redis.pause()
+                self._wait(fault.param)
+                c.redis.resume()
+        rec.end = time.monotonic()
+        return rec

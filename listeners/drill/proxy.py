@@ -1,0 +1,115 @@
+"""A TCP proxy that can black-hole its connections: packets stop, sockets stay open.
+
+The drill puts one in front of the lease store for every replica, so that one replica can be cut
+off (a partition looks like this to a client: no RST, no FIN, reads just hang) while the others
+keep going. (``tests/integration/proxy.py`` is the test suite's copy; the drill must not import
+tests.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+
+TICK = 0.1  # how long a thread blocks in select(): bounds how late close() and restore() act
+
+
+class TcpProxy:
+    """Forward ``127.0.0.1:<port>`` to ``target_host:target_port``, one thread per connection."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port: int = self._listener.getsockname()[1]
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._spawn(self._accept, "accept")
+
+    def blackhole(self) -> None:
+        """Stop forwarding in both directions (and stop accepting), keeping every socket open."""
+        self._flowing.clear()
+
+    def restore(self) -> None:
+        self._flowing.set()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._flowing.set()
+        for t in list(self._threads):
+            t.join(5)
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            for s in self._sockets:
+                with contextlib.suppress(OSError):
+                    s.close()
+            self._sockets.clear()
+
+    def __enter__(self) -> TcpProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- threads ---------------------------------------------------------------------------
+    def _spawn(self, target: object, what: str, *args: object) -> None:
+        t = threading.Thread(
+            target=target,  # type: ignore[arg-type]
+            args=args,
+            name=f"tcp-proxy-{self.port}-{what}",
+            daemon=True,
+        )
+        self._threads.append(t)
+        t.start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            if not self._flowing.wait(TICK):
+                continue  # the kernel still completes handshakes: clients connect, then hang
+            try:
+                ready, _, _ = select.select([self._listener], [], [], TICK)
+                if not ready:
+                    continue
+                client, _ = self._listener.accept()
+            except (OSError, ValueError):
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            for s in (client, upstream):
+                s.settimeout(5)  # a peer that never reads must not wedge a pump forever
+            with self._lock:
+                self._sockets += [client, upstream]
+            self._spawn(self._pump, "pump", client, upstream)
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        peer = {a: b, b: a}
+        try:
+            while not self._closed.is_set():
+                if not self._flowing.wait(TICK):
+                    continue
+                ready, _, _ = select.select([a, b], [], [], TICK)
+                for s in ready:
+                    if not self._flowing.is_set():
+                        break  # black-holed between select() and here: leave it unread
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    peer[s].sendall(data)
+        except OSError:
+            return
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.close()

@@ -1,0 +1,265 @@
+"""``--report FILE``: one self-contained HTML page (inline SVG, no scripts, no external files).
+
+Rows are replicas. A thick bar is a period in which the lease store named that replica as holder,
+coloured by fencing token (same token, same colour); the thin line under it is the tenure as the
+replica itself saw it (audit ``elected`` .. ``lost``). Faults are dashed markers across the rows
+(a tinted band on the victim's row while a pause or a cut lasts); takeover gaps are shaded red;
+the write rate (operations per second) is drawn underneath, with the rate of change events
+indexed (acknowledged batches) as a line over it.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from typing import Any
+
+WIDTH, LEFT, RIGHT, TOP = 1240, 120, 30, 50
+ROW, ROW_GAP, RATE_H = 26, 14, 70
+SHORT = {
+    "kill": "KILL",
+    "stop": "STOP",
+    "term": "TERM",
+    "rotate": "ROT",
+    "net-cut": "CUT",
+    "redis-restart": "R-RST",
+    "redis-pause": "R-PAUSE",
+    "clock-jump": "CLOCK",
+}
+
+
+def _colour(i: int) -> str:
+    return f"hsl({(i * 137.508) % 360:.0f},62%,48%)"
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+class _Scale:
+    def __init__(self, t0: float, end: float) -> None:
+        self.t0, self.span = t0, max(1e-3, end - t0)
+
+    def x(self, mono: float) -> float:
+        return LEFT + (WIDTH - LEFT - RIGHT) * min(max(mono - self.t0, 0.0), self.span) / self.span
+
+
+def _lease_bars(h: dict[str, Any], end: float) -> list[tuple[str | None, int | None, float, float]]:
+    samples = h["leases"]
+    out = []
+    for i, (at, ident, token) in enumerate(samples):
+        until = samples[i + 1][0] if i + 1 < len(samples) else end
+        out.append((ident, token, at, until))
+    return out
+
+
+def _tenures(h: dict[str, Any], end: float) -> list[tuple[str, int, float, float]]:
+    """(identity, token, from, to) from the audit: elected .. lost (or the next fault that
+    killed the process, or the end)."""
+    open_: dict[int, tuple[str, float]] = {}
+    out = []
+    kills = sorted((f["at"], f["victim"]) for f in h["faults"] if f["kind"] in ("kill",))
+    for r in sorted(h["audit"], key=lambda r: r["mono"]):
+        if r["kind"] == "elected":
+            open_[r["token"]] = (r.get("identity", "?"), r["mono"])
+        elif r["kind"] == "lost" and r["token"] in open_:
+            ident, start = open_.pop(r["token"])
+            out.append((ident, r["token"], start, r["mono"]))
+    for token, (ident, start) in open_.items():
+        stop = next((at for at, who in kills if who == ident and at > start), end)
+        out.append((ident, token, start, stop))
+    return out
+
+
+def _svg(h: dict[str, Any]) -> str:
+    t0, end = h["t0"], h["end"]
+    sc = _Scale(t0, end)
+    idents: Sequence[str] = h["identities"]
+    rows = {ident: TOP + i * (ROW + ROW_GAP) for i, ident in enumerate(idents)}
+    rate_top = TOP + len(idents) * (ROW + ROW_GAP) + 20
+    height = rate_top + RATE_H + 40
+    tokens: dict[int, int] = {}
+    for _, _, token in h["leases"]:
+        if token is not None and token not in tokens:
+            tokens[token] = len(tokens)
+    for r in h["audit"]:
+        if r.get("kind") == "elected" and r["token"] not in tokens:
+            tokens[r["token"]] = len(tokens)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'font-family="sans-serif" font-size="11">',
+        f'<rect width="{WIDTH}" height="{height}" fill="#fff"/>',
+    ]
+    # time axis
+    step = next(s for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600) if sc.span / s <= 16)
+    for k in range(int(sc.span // step) + 1):
+        x = sc.x(t0 + k * step)
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{TOP - 8}" x2="{x:.1f}" y2="{rate_top + RATE_H}" '
+            'stroke="#eee"/>'
+        )
+        parts.append(
+            f'<text x="{x:.1f}" y="{height - 18}" text-anchor="middle" fill="#555">'
+            f"{k * step}s</text>"
+        )
+    # takeover gaps
+    for g in h["gaps"]:
+        if g.get("takeover"):
+            x1, x2 = sc.x(g["start"]), sc.x(g["end"])
+            parts.append(
+                f'<rect x="{x1:.1f}" y="{TOP - 8}" width="{max(1.5, x2 - x1):.1f}" '
+                f'height="{rate_top - TOP}" fill="#e53935" fill-opacity="0.18">'
+                f"<title>gap {g['gap']:.3f}s after {_esc(g['kind'])}</title></rect>"
+            )
+    for ident, y in rows.items():
+        parts.append(
+            f'<text x="{LEFT - 10}" y="{y + ROW / 2 + 4}" text-anchor="end" '
+            f'font-size="12">{_esc(ident)}</text>'
+        )
+        parts.append(
+            f'<line x1="{LEFT}" y1="{y + ROW + 2}" x2="{WIDTH - RIGHT}" '
+            f'y2="{y + ROW + 2}" stroke="#ddd"/>'
+        )
+    # fault bands on the victim's row
+    for f in h["faults"]:
+        if f["victim"] in rows and f["end"] - f["at"] > 0.2:
+            y = rows[f["victim"]]
+            x1, x2 = sc.x(f["at"]), sc.x(f["end"])
+            parts.append(
+                f'<rect x="{x1:.1f}" y="{y - 3}" width="{x2 - x1:.1f}" '
+                f'height="{ROW + 6}" fill="#ffb300" fill-opacity="0.25"/>'
+            )
+    # lease-store bars
+    for holder, token, a, b in _lease_bars(h, end):
+        if holder == "?":
+            for y in rows.values():
+                parts.append(
+                    f'<rect x="{sc.x(a):.1f}" y="{y}" width="{sc.x(b) - sc.x(a):.1f}" '
+                    f'height="{ROW - 8}" fill="#bbb" fill-opacity="0.5">'
+                    "<title>lease store not answering</title></rect>"
+                )
+            continue
+        if holder is None or holder not in rows or token is None:
+            continue
+        x1, x2, y = sc.x(a), sc.x(b), rows[holder]
+        i = tokens[token]
+        parts.append(
+            f'<rect x="{x1:.1f}" y="{y}" width="{max(1.0, x2 - x1):.1f}" height="{ROW - 8}" '
+            f'fill="{_colour(i)}"><title>{_esc(holder)} holds the lease, token {token} '
+            f"({a - t0:.2f}s - {b - t0:.2f}s)</title></rect>"
+        )
+        if x2 - x1 > 26:
+            parts.append(f'<text x="{x1 + 3:.1f}" y="{y + ROW - 12}" fill="#fff">#{i}</text>')
+    # tenures as the replicas saw them
+    for ident, token, a, b in _tenures(h, end):
+        if ident in rows:
+            y = rows[ident] + ROW - 4
+            parts.append(
+                f'<rect x="{sc.x(a):.1f}" y="{y}" width="{max(1.0, sc.x(b) - sc.x(a)):.1f}" '
+                f'height="4" fill="{_colour(tokens.get(token, 0))}" fill-opacity="0.6">'
+                f"<title>{_esc(ident)} acts as leader, token {token}</title></rect>"
+            )
+    # fault markers
+    for f in h["faults"]:
+        x = sc.x(f["at"])
+        label = SHORT.get(f["kind"], f["kind"])
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{TOP - 14}" x2="{x:.1f}" y2="{rate_top - 6}" '
+            'stroke="#333" stroke-dasharray="3,3"/>'
+        )
+        parts.append(
+            f'<text x="{x:.1f}" y="{TOP - 18 - 11 * (f["index"] % 2)}" text-anchor="middle" '
+            f'font-weight="bold" fill="#333">{label}<title>{_esc(f["kind"])} on '
+            f"{_esc(f['victim'])} (token {f['token']}) at {f['at'] - t0:.2f}s</title></text>"
+        )
+    # write rate
+    seconds = max(1, math.ceil(end - t0))
+    counts = [0] * seconds
+    for at in h["writes"]:
+        k = int(at - t0)
+        if 0 <= k < seconds:
+            counts[k] += 1
+    peak = max(counts) or 1
+    indexed = [0] * seconds
+    for r in h["audit"]:
+        k = int(r["mono"] - t0)
+        if r.get("kind") == "batch" and 0 <= k < seconds:
+            indexed[k] += int(r.get("n", 0))
+    top = max(peak, *indexed)
+    parts.append(
+        f'<text x="{LEFT - 10}" y="{rate_top + RATE_H / 2}" text-anchor="end" '
+        'font-size="12">writes/s</text>'
+    )
+    parts.append(
+        f'<text x="{LEFT - 10}" y="{rate_top + 10}" text-anchor="end" fill="#777">{top}</text>'
+    )
+    for k, n in enumerate(counts):
+        x1, x2 = sc.x(t0 + k), sc.x(t0 + k + 1)
+        bh = RATE_H * n / top
+        parts.append(
+            f'<rect x="{x1:.1f}" y="{rate_top + RATE_H - bh:.1f}" '
+            f'width="{max(0.5, x2 - x1 - 0.5):.1f}" height="{bh:.1f}" fill="#78909c"/>'
+        )
+    points = " ".join(
+        f"{sc.x(t0 + k + 0.5):.1f},{rate_top + RATE_H - RATE_H * min(n, top) / top:.1f}"
+        for k, n in enumerate(indexed)
+    )
+    parts.append(
+        f'<polyline points="{points}" fill="none" stroke="#ef6c00" stroke-width="1.5">'
+        "<title>change events indexed per second</title></polyline>"
+    )
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def render(history: dict[str, Any]) -> str:
+    """The HTML page for a drill's ``history`` (see :mod:`listeners.drill.run`)."""
+    r = history["result"]
+    verdict = "PASS" if r["ok"] else "FAIL"
+    colour = "#2e7d32" if r["ok"] else "#c62828"
+
+    def sec(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
+
+    gap_rows = "".join(
+        f"<tr><td>{_esc(k)}</td><td>{g['count']}</td><td>{g['takeovers']}</td>"
+        f"<td>{sec(g['p50'])}</td><td>{sec(g['p99'])}</td><td>{sec(g['max'])}</td></tr>"
+        for k, g in r["gaps"].items()
+    )
+    failures = "".join(f"<li>{_esc(f)}</li>" for f in r["failures"])
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>singleton drill: {verdict}</title>
+<style>
+body {{ font-family: sans-serif; margin: 24px; color: #222; }}
+h1 span {{ color: {colour}; }}
+table {{ border-collapse: collapse; margin: 8px 0 16px; }}
+td, th {{ border: 1px solid #ccc; padding: 3px 10px; text-align: right; }}
+td:first-child, th:first-child {{ text-align: left; }}
+.legend span {{ display: inline-block; margin-right: 18px; }}
+.sw {{ display: inline-block; width: 14px; height: 10px; margin-right: 4px; }}
+</style></head><body>
+<h1>singleton drill: <span>{verdict}</span></h1>
+<p>{r["faults"]} faults, {r["backend"]} leases, {r["replicas"]} replicas, seed {r["seed"]},
+{r["duration"]:.0f} s, fencing {"on" if r["fencing"] else "<b>OFF</b>"};
+{r["writes"]["ops"]} writes ({r["writes"]["transactions"]} transactions).
+Documents: MongoDB {r["documents"]["mongo"]}, Elasticsearch {r["documents"]["es"]};
+missing {r["missing"]}, stale {r["stale"]}, resurrected {r["resurrected"]}, extra {r["extra"]};
+checkpoint regressions {r["checkpoint_regressions"]}; fencing violations
+{r["fencing_violations"]}. Writer-to-index lag p50 {sec(r["lag"]["p50"])},
+p99 {sec(r["lag"]["p99"])}.</p>
+<ul style="color:{colour}">{failures}</ul>
+<p class="legend"><span><i class="sw" style="background:{_colour(0)}"></i>lease held
+(colour = fencing token)</span><span><i class="sw" style="background:{_colour(0)};opacity:.6;
+height:4px"></i>tenure as the replica saw it</span><span><i class="sw"
+style="background:#e53935;opacity:.3"></i>takeover gap</span><span><i class="sw"
+style="background:#ffb300;opacity:.4"></i>pause / cut in progress</span><span><i class="sw"
+style="background:#bbb"></i>lease store not answering</span><span><i class="sw"
+style="background:#78909c"></i>writes/s</span><span><i class="sw" style="background:#ef6c00;
+height:2px"></i>events indexed/s</span></p>
+{_svg(history)}
+<h2>Takeover gaps</h2>
+<table><tr><th>fault</th><th>count</th><th>takeovers</th><th>p50</th><th>p99</th><th>max</th></tr>
+{gap_rows}</table>
+</body></html>
+"""

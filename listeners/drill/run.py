@@ -1,0 +1,286 @@
+"""One drill run: start the cluster, write, inject the schedule, wait for quiescence, judge.
+
+Everything needed to replay or inspect a run lands in the work directory: ``schedule.json``
+(seed, options, planned faults) first, then each replica's log and audit file, and at the end
+``history.json`` (faults as injected, lease and checkpoint samples, audit records, the writer's
+timeline, the verdict). The directory is removed after a passing run unless ``--workdir`` was
+given; after a failing run it is always kept.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from listeners._cluster import Writer
+from listeners.drill import faults as fl
+from listeners.drill.cluster import COLLECTION, DATABASE, INDEX, LEASE, DrillCluster, Timings
+from listeners.drill.history import AuditTail, Sampler
+from listeners.drill.verdict import (
+    Verdict,
+    checkpoint_regressions,
+    fencing_violations,
+    split_extra,
+    summary,
+    takeover_gaps,
+    write_lag,
+)
+from singleton.service import make_backend
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class DrillOptions:
+    backend: str = "redis"
+    replicas: int = 3
+    rounds: int = 20
+    seed: int = 1
+    kinds: list[str] = field(default_factory=list)
+    rate: float = 40.0
+    txn_share: float = 0.05
+    workdir: str | None = None
+    redis_url: str | None = None
+    mongo_url: str | None = None
+    es_url: str | None = None
+    unsafe: bool = False
+    timings: Timings = field(default_factory=Timings)
+    #: seconds a leader may take to stream again after a fault (beyond the fault itself)
+    recover_timeout: float = 30.0
+    quiesce_timeout: float = 30.0
+
+
+class Drill:
+    def __init__(self, opts: DrillOptions, say: Callable[[str], None]) -> None:
+        self.opts = opts
+        self.say = say
+        self.keep = opts.workdir is not None
+        self.workdir = Path(opts.workdir or tempfile.mkdtemp(prefix="singleton-drill-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.stop = threading.Event()
+        self.schedule = fl.plan(opts.seed, opts.rounds, opts.kinds, opts.timings.ttl)
+        self.cluster = DrillCluster(
+            self.workdir,
+            backend=opts.backend,
+            replicas=opts.replicas,
+            timings=opts.timings,
+            redis_url=opts.redis_url,
+            mongo_url=opts.mongo_url,
+            es_url=opts.es_url,
+            unsafe=opts.unsafe,
+            clock_jumps="clock-jump" in opts.kinds,
+        )
+        self.injected: list[fl.FaultRecord] = []
+        self.stalls: list[str] = []
+        self.t0 = time.monotonic()
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _t(self, mono: float) -> float:
+        return mono - self.t0
+
+    def _save_schedule(self) -> None:
+        opts = asdict(self.opts)
+        data = {
+            "seed": self.opts.seed,
+            "options": opts,
+            "faults": [asdict(f) for f in self.schedule],
+        }
+        (self.workdir / "schedule.json").write_text(json.dumps(data, indent=1))
+
+    def _streaming(self, tail: AuditTail, since: float) -> bool:
+        """A live leader acknowledged a write after ``since``."""
+        tail.poll()
+        proc, token = self.cluster.leader()
+        if proc is None or token is None or not proc.alive:
+            return False
+        for kind in ("batch", "checkpoint"):
+            rec = tail.latest(kind, token)
+            if rec is not None and rec["mono"] > since:
+                return True
+        return False
+
+    def _await(self, pred: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.stop.is_set():
+            if pred():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            self.stop.wait(0.05)
+        return False
+
+    # -- the run ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        import pymongo
+
+        from listeners._es_verify import compare
+
+        opts, c = self.opts, self.cluster
+        self._save_schedule()
+        kinds = ", ".join(f"{k}={sum(f.kind == k for f in self.schedule)}" for k in opts.kinds)
+        self.say(
+            f"singleton drill: {opts.replicas} replicas, {opts.backend} leases, {opts.rounds} "
+            f"faults ({kinds}), seed {opts.seed}{', FENCING DISABLED' if opts.unsafe else ''}"
+        )
+        self.say(f"  workdir {self.workdir}")
+        c.start_servers()
+        client: Any = pymongo.MongoClient(c.mongo_url, serverSelectionTimeoutMS=5000)
+        coll = client[DATABASE][COLLECTION]
+        coll.insert_many(
+            [{"_id": i, "sku": f"seed-{i}", "qty": i % 7, "v": 0} for i in range(1, 201)]
+        )
+        c.start_replicas()
+        self.say(c.describe())
+        assert c.config is not None
+        sampler_backend = make_backend(c.config)
+        store = c.checkpoint_store(client)
+        sampler = Sampler(lambda: sampler_backend.inspect(LEASE), lambda: store.load(LEASE)).start()
+        tail = AuditTail(c.audit_paths.values())
+        writer = Writer(
+            coll, rate=opts.rate, seed=opts.seed, client=client, txn_share=opts.txn_share
+        )
+        writer_thread = threading.Thread(target=writer.run, name="drill-writer", daemon=True)
+        injector = fl.Injector(c, self.stop)
+        diff: Any = None
+        try:
+            self.t0 = time.monotonic()
+            writer_thread.start()
+            if not self._await(lambda: self._streaming(tail, 0.0), 90.0):
+                self.stalls.append("no leader streamed within 90 s of the start")
+            for fault in self.schedule if not self.stalls else []:
+                if self.stop.is_set():
+                    break
+                self.stop.wait(fault.settle)
+                rec = injector.inject(fault)
+                self.injected.append(rec)
+                ok = self._await(partial(self._streaming, tail, rec.end), opts.recover_timeout)
+                after = time.monotonic() - rec.end
+                self.say(
+                    f"  [{self._t(rec.at):6.1f}s] {fault.index + 1:>3}/{len(self.schedule)} "
+                    f"{fault.describe():<22} leader {rec.victim or '-'} (token {rec.token}) "
+                    f"{'recovered' if ok else 'NOT RECOVERED'} {after:.2f}s after"
+                )
+                if not ok:
+                    self.stalls.append(f"fault {fault.index} ({fault.describe()})")
+                    break
+            self.stop.wait(1.0)
+            writer.stop_event.set()
+            writer_thread.join(10)
+            last_ct = max((ct for _, ct in writer.log if ct is not None), default=None)
+            self.say(f"  writer stopped after {writer.ops} writes; waiting for quiescence")
+
+            def quiet() -> bool:
+                tail.poll()
+                if last_ct is None:
+                    return True
+                return any(
+                    r["kind"] == "batch" and r.get("ct") and tuple(r["ct"]) >= last_ct
+                    for r in tail.records[-200:]
+                )
+
+            if not self._await(quiet, opts.quiesce_timeout):
+                self.say("  the index did not catch up with the last write in time")
+            for _ in range(10):
+                diff = compare(coll, c.es_url, INDEX)
+                if diff.ok:
+                    break
+                self.stop.wait(0.5)
+        finally:
+            writer.stop_event.set()
+            end = time.monotonic()
+            sampler.stop()
+            sampler_backend.close()
+            c.stop()
+            client.close()
+        tail.poll()
+        return self._judge(diff, writer, sampler, tail, end)
+
+    def _judge(
+        self, diff: Any, writer: Writer, sampler: Sampler, tail: AuditTail, end: float
+    ) -> dict[str, Any]:
+        opts = self.opts
+        v = Verdict(stalls=list(self.stalls))
+        if diff is None:
+            v.errors.append("no comparison was made (interrupted?)")
+        else:
+            v.missing, v.stale, v.resurrected, v.extra = split_extra(
+                list(diff.missing), list(diff.stale), list(diff.extra), writer.deleted
+            )
+        records = tail.records
+        v.regressions = checkpoint_regressions(records, sampler.checkpoints)
+        v.violations = fencing_violations(records)
+        v.gaps = takeover_gaps(self.injected, records, end)
+        v.lags = write_lag(writer.log, records)
+        by_kind = {k: sum(f.kind == k for f in self.injected) for k in opts.kinds}
+        result: dict[str, Any] = {
+            "schema": SCHEMA_VERSION,
+            "ok": v.ok,
+            "failures": v.failures(),
+            "seed": opts.seed,
+            "backend": opts.backend,
+            "replicas": opts.replicas,
+            "fencing": not opts.unsafe,
+            "duration": round(end - self.t0, 2),
+            "faults": len(self.injected),
+            "faults_by_kind": by_kind,
+            "missing": len(v.missing),
+            "stale": len(v.stale),
+            "resurrected": len(v.resurrected),
+            "extra": len(v.extra),
+            "checkpoint_regressions": len(v.regressions),
+            "fencing_violations": len(v.violations),
+            "stalls": len(v.stalls),
+            "gaps": v.gaps_by_kind(opts.kinds),
+            "lag": {**summary(v.lags), "writes": len(v.lags)},
+            "writes": {
+                "ops": writer.ops,
+                "failed": writer.failed,
+                "transactions": writer.transactions,
+                "deleted": len(writer.deleted),
+            },
+            "documents": {
+                "mongo": getattr(diff, "mongo_count", None),
+                "es": getattr(diff, "es_count", None),
+            },
+            "timings": asdict(opts.timings),
+            "workdir": None,
+        }
+        history = {
+            "t0": self.t0,
+            "end": end,
+            "result": result,
+            "schedule": [asdict(f) for f in self.schedule],
+            "faults": [f.as_dict() for f in self.injected],
+            "gaps": v.gaps,
+            "leases": sampler.leases,
+            "checkpoints": sampler.checkpoints,
+            "audit": records,
+            "writes": [at for at, _ in writer.log],
+            "identities": list(self.cluster.replicas),
+            "examples": {
+                "missing": v.missing[:20],
+                "stale": v.stale[:20],
+                "resurrected": v.resurrected[:20],
+                "extra": v.extra[:20],
+                "regressions": v.regressions[:20],
+                "violations": v.violations[:20],
+            },
+        }
+        if not v.ok or self.keep:
+            result["workdir"] = str(self.workdir)
+            (self.workdir / "history.json").write_text(json.dumps(history, default=str))
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        self.history = history
+        logger.debug("drill finished: ok={}", v.ok)
+        return result

@@ -1,0 +1,240 @@
+"""The drill's verdict: every invariant, computed from what was recorded (no process is asked).
+
+Invariants (exit 0 only if all hold):
+
+* **Index equals collection**: no ``missing`` id, no ``stale`` document, no ``resurrected`` id
+  (deleted by the writer, still in the index), no other ``extra`` id.
+* **The checkpoint never moved backwards**: neither in the samples of the checkpoint store, nor in
+  the replicas' audit (an acknowledged save that began after a save of a later position was
+  acknowledged).
+* **No write from an older fencing token was accepted after a newer one**: an acknowledged batch
+  or checkpoint of token T that *began* after a tenure with a token > T had been elected. This is
+  sound: a successor is elected only after T's lease expired in the store, and T's own renew
+  deadline (checked before every write) passed earlier still.
+* **Liveness**: after every fault a leader was streaming again within the drill's bound.
+
+Takeover gaps: for each fault followed by the election of a newer token before the next fault,
+from the old tenure's last acknowledged action (or the fault, if later) to that election.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from listeners.drill.faults import FaultRecord
+from listeners.drill.history import CheckpointSample
+
+WRITES = ("batch", "checkpoint")
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100); ``None`` for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def summary(values: Sequence[float]) -> dict[str, Any]:
+    def r(v: float | None) -> float | None:
+        return None if v is None else round(v, 4)
+
+    return {
+        "p50": r(percentile(values, 50)),
+        "p99": r(percentile(values, 99)),
+        "max": r(max(values) if values else None),
+    }
+
+
+def fencing_violations(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Acknowledged writes of a token that began after a newer token had been elected."""
+    marks = sorted(
+        (r["mono"], r["token"])
+        for r in records
+        if r.get("kind") in ("elected", *WRITES) and r.get("token") is not None
+    )
+    times = [m for m, _ in marks]
+    prefix: list[int] = []
+    best = -1
+    for _, token in marks:
+        best = max(best, token)
+        prefix.append(best)
+    out = []
+    for r in records:
+        if r.get("kind") not in WRITES:
+            continue
+        i = bisect.bisect_left(times, r["sent"])
+        newer = prefix[i - 1] if i else -1
+        if newer > r["token"]:
+            out.append(
+                {
+                    "kind": r["kind"],
+                    "identity": r.get("identity"),
+                    "token": r["token"],
+                    "newer_token": newer,
+                    "sent": r["sent"],
+                    "acked": r["mono"],
+                }
+            )
+    return out
+
+
+def checkpoint_regressions(
+    records: Sequence[dict[str, Any]], samples: Sequence[CheckpointSample]
+) -> list[dict[str, Any]]:
+    """Backward moves of the saved position, seen by the sampler or implied by the audit."""
+    out: list[dict[str, Any]] = []
+    for (_, tok0, ct0), (t1, tok1, ct1) in itertools.pairwise(samples):
+        if list(ct1) < list(ct0) or tok1 < tok0:
+            out.append({"seen": "sampler", "at": t1, "from": [tok0, ct0], "to": [tok1, ct1]})
+    saves = sorted(
+        (r for r in records if r.get("kind") == "checkpoint" and r.get("ct")),
+        key=lambda r: r["mono"],
+    )
+    times = [r["mono"] for r in saves]
+    prefix: list[list[int]] = []
+    best: list[int] = [-1, -1]
+    for r in saves:
+        best = max(best, list(r["ct"]))
+        prefix.append(best)
+    for r in saves:
+        i = bisect.bisect_left(times, r["sent"])
+        if i and list(r["ct"]) < prefix[i - 1]:
+            out.append(
+                {
+                    "seen": "audit",
+                    "at": r["mono"],
+                    "from": prefix[i - 1],
+                    "to": r["ct"],
+                    "token": r["token"],
+                    "identity": r.get("identity"),
+                }
+            )
+    return out
+
+
+def takeover_gaps(
+    faults: Sequence[FaultRecord], records: Sequence[dict[str, Any]], end: float
+) -> list[dict[str, Any]]:
+    """One entry per fault: whether a newer token was elected before the next fault, and the gap."""
+    elected = sorted(
+        (r["mono"], r["token"], r.get("identity")) for r in records if r.get("kind") == "elected"
+    )
+    by_token: dict[int, list[float]] = {}
+    for r in records:
+        if r.get("token") is not None and r.get("kind") in ("elected", "lost", *WRITES):
+            by_token.setdefault(r["token"], []).append(r["mono"])
+    out = []
+    for i, f in enumerate(faults):
+        until = faults[i + 1].at if i + 1 < len(faults) else end
+        entry: dict[str, Any] = {"index": f.index, "kind": f.kind, "takeover": False, "gap": None}
+        if f.token is not None:
+            nxt = next(
+                (e for e in elected if e[0] >= f.at and e[1] > f.token and e[0] < until), None
+            )
+            if nxt is not None:
+                last = max((m for m in by_token.get(f.token, []) if m <= nxt[0]), default=f.at)
+                start = max(f.at, last)
+                entry.update(
+                    takeover=True,
+                    start=start,
+                    end=nxt[0],
+                    gap=nxt[0] - start,
+                    new_token=nxt[1],
+                    new_leader=nxt[2],
+                )
+        out.append(entry)
+    return out
+
+
+def write_lag(
+    writes: Sequence[tuple[float, tuple[int, int] | None]], records: Sequence[dict[str, Any]]
+) -> list[float]:
+    """Seconds from each write to the first acknowledged batch that covers its cluster time."""
+    batches = sorted(
+        (tuple(r["ct"]), r["mono"]) for r in records if r.get("kind") == "batch" and r.get("ct")
+    )
+    cts = [b[0] for b in batches]
+    suffix_min: list[float] = [0.0] * len(batches)
+    best = math.inf
+    for i in range(len(batches) - 1, -1, -1):
+        best = min(best, batches[i][1])
+        suffix_min[i] = best
+    lags = []
+    for at, ct in writes:
+        if ct is None:
+            continue
+        i = bisect.bisect_left(cts, tuple(ct))
+        if i < len(batches):
+            lags.append(max(0.0, suffix_min[i] - at))
+    return lags
+
+
+@dataclass
+class Verdict:
+    missing: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    resurrected: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    regressions: list[dict[str, Any]] = field(default_factory=list)
+    violations: list[dict[str, Any]] = field(default_factory=list)
+    stalls: list[str] = field(default_factory=list)
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+    lags: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.missing
+            or self.stale
+            or self.resurrected
+            or self.extra
+            or self.regressions
+            or self.violations
+            or self.stalls
+            or self.errors
+        )
+
+    def failures(self) -> list[str]:
+        out = []
+        for name in ("missing", "stale", "resurrected", "extra"):
+            ids = getattr(self, name)
+            if ids:
+                out.append(f"{len(ids)} {name} documents (first: {', '.join(ids[:5])})")
+        if self.regressions:
+            out.append(f"checkpoint moved backwards {len(self.regressions)} times")
+        if self.violations:
+            v = self.violations[0]
+            out.append(
+                f"{len(self.violations)} writes accepted from an older fencing token after a newer "
+                f"one was elected (first: {v['kind']} of token {v['token']} by {v['identity']} "
+                f"after token {v['newer_token']})"
+            )
+        out += [f"no leader recovered: {s}" for s in self.stalls]
+        out += self.errors
+        return out
+
+    def gaps_by_kind(self, kinds: Sequence[str]) -> dict[str, dict[str, Any]]:
+        out = {}
+        for kind in kinds:
+            entries = [g for g in self.gaps if g["kind"] == kind]
+            values = [g["gap"] for g in entries if g["takeover"]]
+            out[kind] = {"count": len(entries), "takeovers": len(values), **summary(values)}
+        return out
+
+
+def split_extra(
+    missing: list[str], stale: list[str], extra: list[str], deleted: set[int]
+) -> tuple[list[str], list[str], list[str], list[str]]:
+    """Separate resurrected ids (deleted by the writer) from other extra ids."""
+    dead = {str(i) for i in deleted}
+    resurrected = [x for x in extra if x in dead]
+    others = [x for x in extra if x not in dead]
+    return missing, stale, resurrected, others
