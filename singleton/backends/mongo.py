@@ -19,6 +19,8 @@ Failure model: replicas' clocks disagree, so every expiry decision compares agai
 the server's clock, inside the write itself. Writes use majority write concern; a timeout or a
 network error leaves the outcome unknown and raises ``BackendUnavailableError`` (the caller is
 not leader). The change stream only shortens waits: when it is down, waiters use their timeout.
+``$$NOW`` is fixed when a command starts, before it waits for the document: a late ``$$NOW`` only
+makes "is it expired?" more conservative, and a grant's expiry never precedes its request.
 Dates are compared as ``$toLong`` milliseconds: SecantusDB (0.7) answers ``$gt`` between a stored
 date and ``$$NOW`` with false both ways, and ``$subtract`` of the two with an internal error.
 """
@@ -173,7 +175,9 @@ class MongoLeaseBackend(LeaseBackend):
                     connect=False,
                 )
             except (perr.PyMongoError, ValueError, TypeError) as exc:
-                raise ConfigurationError(f"invalid MongoDB URL {self._url}: {exc}") from exc
+                raise ConfigurationError(
+                    f"invalid MongoDB URL {self._url}: {redact(str(exc))}"
+                ) from exc
         elif isinstance(client_or_url, pymongo.MongoClient):
             self._client = client_or_url
             seeds = client_or_url.topology_description.server_descriptions()
