@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-WIDTH, LEFT, RIGHT, TOP = 1240, 120, 30, 50
+WIDTH, LEFT, RIGHT, TOP = 1240, 120, 30, 62
 ROW, ROW_GAP, RATE_H = 26, 14, 70
 SHORT = {
     "kill": "KILL",
@@ -161,16 +161,20 @@ def _svg(h: dict[str, Any]) -> str:
                 f"<title>{_esc(ident)} acts as leader, token {token}</title></rect>"
             )
     # fault markers
+    level_end = [-1e9] * 4  # greedy: a label goes on the first level where it does not overlap
     for f in h["faults"]:
         x = sc.x(f["at"])
         label = SHORT.get(f["kind"], f["kind"])
+        half = 3.5 * len(label) + 3
+        level = next((i for i, e in enumerate(level_end) if e < x - half), len(level_end) - 1)
+        level_end[level] = x + half
         parts.append(
             f'<line x1="{x:.1f}" y1="{TOP - 14}" x2="{x:.1f}" y2="{rate_top - 6}" '
             'stroke="#333" stroke-dasharray="3,3"/>'
         )
         parts.append(
-            f'<text x="{x:.1f}" y="{TOP - 18 - 11 * (f["index"] % 2)}" text-anchor="middle" '
-            f'font-weight="bold" fill="#333">{label}<title>{_esc(f["kind"])} on '
+            f'<text x="{x:.1f}" y="{TOP - 18 - 10 * level}" text-anchor="middle" '
+            f'font-size="10" font-weight="bold" fill="#333">{label}<title>{_esc(f["kind"])} on '
             f"{_esc(f['victim'])} (token {f['token']}) at {f['at'] - t0:.2f}s</title></text>"
         )
     # write rate
@@ -186,7 +190,7 @@ def _svg(h: dict[str, Any]) -> str:
         k = int(r["mono"] - t0)
         if r.get("kind") == "batch" and 0 <= k < seconds:
             indexed[k] += int(r.get("n", 0))
-    top = max(peak, *indexed)
+    top = min(max(peak, *indexed), 3 * peak)  # catch-up bursts are clipped
     parts.append(
         f'<text x="{LEFT - 10}" y="{rate_top + RATE_H / 2}" text-anchor="end" '
         'font-size="12">writes/s</text>'

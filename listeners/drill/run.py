@@ -121,6 +121,13 @@ class Drill:
 
     # -- the run ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        """Run the drill and return the result (see the README for its schema)."""
+        try:
+            return self._run()
+        finally:
+            self.cluster.stop()  # idempotent; covers a failure while starting
+
+    def _run(self) -> dict[str, Any]:
         import pymongo
 
         from listeners._es_verify import compare

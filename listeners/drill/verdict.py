@@ -14,7 +14,8 @@ Invariants (exit 0 only if all hold):
 * **Liveness**: after every fault a leader was streaming again within the drill's bound.
 
 Takeover gaps: for each fault followed by the election of a newer token before the next fault,
-from the old tenure's last acknowledged action (or the fault, if later) to that election.
+from the old tenure's last acknowledged write (or its release, for ``term`` and ``rotate``), or the
+fault if that is later, to that election.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from listeners.drill.faults import FaultRecord
+from listeners.drill.faults import PLANNED, FaultRecord
 from listeners.drill.history import CheckpointSample
 
 WRITES = ("batch", "checkpoint")
@@ -126,20 +127,26 @@ def takeover_gaps(
     elected = sorted(
         (r["mono"], r["token"], r.get("identity")) for r in records if r.get("kind") == "elected"
     )
-    by_token: dict[int, list[float]] = {}
+    # What the old tenure last did: its acknowledged writes, and for a planned handover its
+    # release (a crashed, paused or cut leader's own "lost" comes too late to count).
+    acts: dict[int, list[float]] = {}
+    released: dict[int, list[float]] = {}
     for r in records:
-        if r.get("token") is not None and r.get("kind") in ("elected", "lost", *WRITES):
-            by_token.setdefault(r["token"], []).append(r["mono"])
+        if r.get("token") is not None and r.get("kind") in (*WRITES, "lost"):
+            into = released if r["kind"] == "lost" else acts
+            into.setdefault(r["token"], []).append(r["mono"])
     out = []
     for i, f in enumerate(faults):
         until = faults[i + 1].at if i + 1 < len(faults) else end
         entry: dict[str, Any] = {"index": f.index, "kind": f.kind, "takeover": False, "gap": None}
+        planned = f.kind in PLANNED
         if f.token is not None:
             nxt = next(
                 (e for e in elected if e[0] >= f.at and e[1] > f.token and e[0] < until), None
             )
             if nxt is not None:
-                last = max((m for m in by_token.get(f.token, []) if m <= nxt[0]), default=f.at)
+                done = acts.get(f.token, []) + (released.get(f.token, []) if planned else [])
+                last = max((m for m in done if m <= nxt[0]), default=f.at)
                 start = max(f.at, last)
                 entry.update(
                     takeover=True,

@@ -63,11 +63,13 @@ def test_short_drill_of_mixed_faults_passes(backend: str, tmp_path: Path) -> Non
     for kind in ("kill", "stop", "term", "rotate"):
         gap = result["gaps"][kind]
         assert gap["takeovers"] >= 1 and set(gap) >= {"p50", "p99", "max"}
-    # a crash is taken over within a lease ttl and a retry (plus slack for a busy 2-core box);
-    # a planned handover (SIGTERM, rotation) well under a second
+    # a crash is taken over within a lease ttl and a retry (plus slack for a busy 2-core box),
+    # a planned handover (SIGTERM, rotation) typically in milliseconds and never slower than a
+    # crash (a drain that overruns its bound is left to expire instead of released)
     ttl, retry = result["timings"]["ttl"], result["timings"]["retry_interval"]
-    assert result["gaps"]["kill"]["max"] <= ttl + retry + 1.5
-    assert result["gaps"]["term"]["max"] < 1.0 and result["gaps"]["rotate"]["max"] < 1.0
+    for kind in ("kill", "term", "rotate"):
+        assert result["gaps"][kind]["max"] <= ttl + retry + 1.5, kind
+    assert result["gaps"]["term"]["p50"] < 1.0 and result["gaps"]["rotate"]["p50"] < 1.0
     assert result["lag"]["p99"] is not None
     page = report.read_text()
     assert "<svg" in page and "PASS" in page
