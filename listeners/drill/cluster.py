@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from listeners._cluster import ReplicaProcess, es_listener_toml
 from listeners.audit import ENV as AUDIT_ENV
@@ -72,8 +72,31 @@ def faketime_library() -> str | None:
 
 
 def _host_port(url: str, default: int) -> tuple[str, int]:
+    """The first host of ``url`` (a proxy forwards to one server: give the primary's URL)."""
+    first = urlsplit(url).netloc.rpartition("@")[2].split(",")[0]
+    host, _, port = first.rpartition(":") if ":" in first else (first, "", "")
+    return host or "127.0.0.1", int(port) if port.isdigit() else default
+
+
+def via_proxy(url: str, port: int) -> str:
+    """``url`` with its host and port replaced by the local proxy's (credentials, database and
+    options kept); a MongoDB URL also gets ``directConnection=true`` so that the driver does not
+    discover the replica set's real addresses and go around the proxy."""
     parts = urlsplit(url)
-    return parts.hostname or "127.0.0.1", parts.port or default
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}"
+    query = parts.query
+    if parts.scheme.startswith("mongodb"):
+        query = "&".join(q for q in (query, "directConnection=true") if q)
+    return urlunsplit(
+        (
+            "mongodb" if parts.scheme.startswith("mongodb") else parts.scheme,
+            netloc,
+            parts.path or "/",
+            query,
+            parts.fragment,
+        )
+    )
 
 
 class DrillCluster:
@@ -176,10 +199,8 @@ cooldown = {t.cooldown}
             self.proxies[identity] = proxy
             argv = [sys.executable, "-m", "singleton.cli", "run", "--config", str(config_path)]
             argv += ["--identity", identity]
-            if self.backend_name == "redis":
-                argv += ["--redis-url", f"redis://127.0.0.1:{proxy.port}/0"]
-            else:
-                argv += ["--mongo-url", f"mongodb://127.0.0.1:{proxy.port}/?directConnection=true"]
+            flag = "--redis-url" if self.backend_name == "redis" else "--mongo-url"
+            argv += [flag, via_proxy(store_url, proxy.port)]
             env = dict(base_env)
             audit = self.workdir / f"audit-{identity}.jsonl"
             self.audit_paths[identity] = audit
