@@ -14,6 +14,7 @@ import pytest
 from listeners._es_verify import compare
 from listeners.checkpoint import MongoCheckpointStore
 from listeners.elasticsearch import ElasticsearchSync
+from singleton.embedded import MongoServer
 from singleton.errors import LeaseLostError
 from tests.integration.es_support import (
     Tenures,
@@ -27,10 +28,13 @@ DOCS = 20_000
 
 
 @pytest.fixture
-def client(mongo_url: str) -> Iterator[pymongo.MongoClient[dict[str, Any]]]:
-    c: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
-    yield c
-    c.close()
+def client() -> Iterator[pymongo.MongoClient[dict[str, Any]]]:
+    # A server of its own: SecantusDB finds a cluster time by scanning its oplog, and 20,000
+    # inserts would slow every later test's transaction-anchor lookups on the shared server.
+    with MongoServer() as server:
+        c: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(server.url)
+        yield c
+        c.close()
 
 
 class Writer(threading.Thread):
