@@ -62,7 +62,7 @@ def events_until_marker(
     coll: Any,
     start: Timestamp,
     batch_size: int = 500,
-    timeout: float = 60.0,
+    timeout: float = 180.0,
     marker: str = MARKER,
 ) -> Iterator[list[dict[str, Any]]]:
     """Batches of change events from ``start`` through the marker's delete (inclusive)."""
