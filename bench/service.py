@@ -58,7 +58,7 @@ redis_url = "{redis_srv.url}"
 mongo_url = "{mongo_srv.url}"
 es_url = "{es_srv.url}"
 namespace = "bench"
-log_level = "WARNING"
+log_level = "INFO"
 
 [lease]
 ttl = 4.0
