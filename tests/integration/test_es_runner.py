@@ -14,7 +14,7 @@ from listeners.elasticsearch import ElasticsearchSync
 from singleton.embedded import wait_until
 from singleton.testing import MemoryLeaseBackend
 from tests.integration.es_support import random_workload
-from tests.integration.test_listener_support import make_runner
+from tests.integration.listener_support import make_runner
 
 
 def test_runner_initial_sync_streaming_and_handover(

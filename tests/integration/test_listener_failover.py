@@ -13,7 +13,7 @@ import pytest
 from singleton.embedded import wait_until
 from singleton.errors import BackendUnavailableError
 from singleton.testing import MemoryLeaseBackend
-from tests.integration.test_listener_support import (
+from tests.integration.listener_support import (
     Recorder,
     RecordingStore,
     Writer,

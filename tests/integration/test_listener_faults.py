@@ -11,7 +11,7 @@ import pytest
 
 from singleton.embedded import MongoServer, wait_until
 from singleton.testing import MemoryLeaseBackend
-from tests.integration.test_listener_support import (
+from tests.integration.listener_support import (
     Recorder,
     RecordingStore,
     Writer,

@@ -12,7 +12,7 @@ import pytest
 from listeners import MongoCheckpointStore
 from singleton.embedded import MongoServer, wait_until
 from singleton.testing import MemoryLeaseBackend
-from tests.integration.test_listener_support import (
+from tests.integration.listener_support import (
     LogCapture,
     Recorder,
     SyncingRecorder,

@@ -13,7 +13,7 @@ import pytest
 from listeners import MongoCheckpointStore
 from singleton.embedded import MongoServer, wait_until
 from singleton.testing import MemoryLeaseBackend
-from tests.integration.test_listener_support import Recorder, RecordingStore, make_runner
+from tests.integration.listener_support import Recorder, RecordingStore, make_runner
 
 
 @pytest.fixture(scope="module")
