@@ -95,7 +95,7 @@ class ListenerRunner:
         checkpoints: CheckpointStore | None = None,
         dead_letters: DeadLetterStore | None = None,
         clock: Clock | None = None,
-        max_await_time: float = 0.5,
+        max_await_time: float = 0.1,  # also bounds how long a drain waits on an idle stream
         checkpoint_interval: float = 1.0,
         idle_checkpoint_interval: float = 5.0,
         reconnect_backoff: float = 0.1,
