@@ -71,6 +71,24 @@ def faketime_library() -> str | None:
     return None
 
 
+#: ``sitecustomize`` for replicas under libfaketime. libfaketime 0.9.10 with
+#: ``FAKETIME_DONT_FAKE_MONOTONIC=1`` fails ``clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)``
+#: with EINVAL, which is how Python's ``time.sleep`` sleeps: pymongo's monitor threads would die.
+#: ``select()`` is unaffected, so ``time.sleep`` sleeps with it in those replicas.
+FAKETIME_SHIM = """import select
+import time
+
+
+def _sleep(seconds):
+    if seconds < 0:
+        raise ValueError("sleep length must be non-negative")
+    select.select([], [], [], seconds)
+
+
+time.sleep = _sleep
+"""
+
+
 def _host_port(url: str, default: int) -> tuple[str, int]:
     """The first host of ``url`` (a proxy forwards to one server: give the primary's URL)."""
     first = urlsplit(url).netloc.rpartition("@")[2].split(",")[0]
@@ -193,6 +211,10 @@ cooldown = {t.cooldown}
             raise ConfigurationError(
                 "clock-jump needs libfaketime: apt-get install -y faketime (make sysdeps)"
             )
+        shim = self.workdir / "faketime-shim"
+        if preload is not None:
+            shim.mkdir(exist_ok=True)
+            (shim / "sitecustomize.py").write_text(FAKETIME_SHIM)
         for i in range(1, self.n + 1):
             identity = f"replica-{i}"
             proxy = TcpProxy(host, port)
@@ -209,7 +231,9 @@ cooldown = {t.cooldown}
                 clock = self.workdir / f"clock-{identity}.rc"
                 clock.write_text("+0\n")
                 self.clock_files[identity] = clock
+                path = [str(shim), *filter(None, [env.get("PYTHONPATH")])]
                 env.update(
+                    PYTHONPATH=os.pathsep.join(path),
                     LD_PRELOAD=preload,
                     FAKETIME_TIMESTAMP_FILE=str(clock),
                     FAKETIME_DONT_FAKE_MONOTONIC="1",

@@ -55,20 +55,23 @@ def _lease_bars(h: dict[str, Any], end: float) -> list[tuple[str | None, int | N
 
 
 def _tenures(h: dict[str, Any], end: float) -> list[tuple[str, int, float, float]]:
-    """(identity, token, from, to) from the audit: elected .. lost (or the next fault that
-    killed the process, or the end)."""
-    open_: dict[int, tuple[str, float]] = {}
+    """(identity, token, from, to) from the audit: elected .. lost, or the kill of the process,
+    or the end. (A tenure elected past its deadline on a starved machine may log its loss in the
+    same instant as its election, in either order.)"""
+    elected: dict[int, tuple[str, float]] = {}
+    lost: dict[int, float] = {}
+    for r in h["audit"]:
+        if r.get("kind") == "elected":
+            elected.setdefault(r["token"], (r.get("identity", "?"), r["mono"]))
+        elif r.get("kind") == "lost":
+            lost[r["token"]] = max(lost.get(r["token"], r["mono"]), r["mono"])
+    kills = sorted((f["at"], f["victim"]) for f in h["faults"] if f["kind"] == "kill")
     out = []
-    kills = sorted((f["at"], f["victim"]) for f in h["faults"] if f["kind"] in ("kill",))
-    for r in sorted(h["audit"], key=lambda r: r["mono"]):
-        if r["kind"] == "elected":
-            open_[r["token"]] = (r.get("identity", "?"), r["mono"])
-        elif r["kind"] == "lost" and r["token"] in open_:
-            ident, start = open_.pop(r["token"])
-            out.append((ident, r["token"], start, r["mono"]))
-    for token, (ident, start) in open_.items():
-        stop = next((at for at, who in kills if who == ident and at > start), end)
-        out.append((ident, token, start, stop))
+    for token, (ident, start) in elected.items():
+        stop = lost.get(token)
+        if stop is None:
+            stop = next((at for at, who in kills if who == ident and at > start), end)
+        out.append((ident, token, start, max(start, stop)))
     return out
 
 
