@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-WIDTH, LEFT, RIGHT, TOP = 1240, 120, 30, 62
+MIN_WIDTH, PX_PER_SECOND, LEFT, RIGHT, TOP = 1240, 7, 120, 30, 62
 ROW, ROW_GAP, RATE_H = 26, 14, 70
 SHORT = {
     "kill": "KILL",
@@ -40,9 +40,14 @@ def _esc(value: Any) -> str:
 class _Scale:
     def __init__(self, t0: float, end: float) -> None:
         self.t0, self.span = t0, max(1e-3, end - t0)
+        # long runs get a wider (scrolling) page rather than overlapping fault labels
+        self.width = max(MIN_WIDTH, int(LEFT + RIGHT + PX_PER_SECOND * self.span))
 
     def x(self, mono: float) -> float:
-        return LEFT + (WIDTH - LEFT - RIGHT) * min(max(mono - self.t0, 0.0), self.span) / self.span
+        return (
+            LEFT
+            + (self.width - LEFT - RIGHT) * min(max(mono - self.t0, 0.0), self.span) / self.span
+        )
 
 
 def _lease_bars(h: dict[str, Any], end: float) -> list[tuple[str | None, int | None, float, float]]:
@@ -65,7 +70,12 @@ def _tenures(h: dict[str, Any], end: float) -> list[tuple[str, int, float, float
             elected.setdefault(r["token"], (r.get("identity", "?"), r["mono"]))
         elif r.get("kind") == "lost":
             lost[r["token"]] = max(lost.get(r["token"], r["mono"]), r["mono"])
-    kills = sorted((f["at"], f["victim"]) for f in h["faults"] if f["kind"] == "kill")
+    # a process that died without logging its loss: SIGKILL, or a SIGTERM that had to be forced
+    kills = sorted(
+        (f["at"] if f["kind"] == "kill" else f["end"], f["victim"])
+        for f in h["faults"]
+        if f["kind"] in ("kill", "term")
+    )
     out = []
     for token, (ident, start) in elected.items():
         stop = lost.get(token)
@@ -90,12 +100,13 @@ def _svg(h: dict[str, Any]) -> str:
         if r.get("kind") == "elected" and r["token"] not in tokens:
             tokens[r["token"]] = len(tokens)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{sc.width}" height="{height}" '
         f'font-family="sans-serif" font-size="11">',
-        f'<rect width="{WIDTH}" height="{height}" fill="#fff"/>',
+        f'<rect width="{sc.width}" height="{height}" fill="#fff"/>',
     ]
     # time axis
-    step = next(s for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600) if sc.span / s <= 16)
+    ticks = max(16, (sc.width - LEFT - RIGHT) // 80)
+    step = next(s for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 3600) if sc.span / s <= ticks)
     for k in range(int(sc.span // step) + 1):
         x = sc.x(t0 + k * step)
         parts.append(
@@ -121,7 +132,7 @@ def _svg(h: dict[str, Any]) -> str:
             f'font-size="12">{_esc(ident)}</text>'
         )
         parts.append(
-            f'<line x1="{LEFT}" y1="{y + ROW + 2}" x2="{WIDTH - RIGHT}" '
+            f'<line x1="{LEFT}" y1="{y + ROW + 2}" x2="{sc.width - RIGHT}" '
             f'y2="{y + ROW + 2}" stroke="#ddd"/>'
         )
     # fault bands on the victim's row
