@@ -62,6 +62,7 @@ def make_backend(kind: str, request: pytest.FixtureRequest, unique: str) -> Leas
         return MemoryLeaseBackend()
     if kind == "fakeredis":
         import fakeredis
+
         from singleton.backends.redis import RedisLeaseBackend
 
         # FakeRedis() instances do not share data: one FakeServer per test plays the server.

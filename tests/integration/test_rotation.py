@@ -3,6 +3,7 @@ windows never overlap, and tokens grow in time order. Runs against every backend
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
@@ -28,8 +29,15 @@ def test_five_electors_rotate_without_overlap(kind: str, backend_factory: Any) -
 
     electors = [
         Elector(
-            backend_factory(kind), "rotating", identity=f"e{i}", ttl=1.0, retry_interval=0.2,
-            max_tenure=1.5, cooldown=0.3, on_elected=elected, on_lost=lost,
+            backend_factory(kind),
+            "rotating",
+            identity=f"e{i}",
+            ttl=1.0,
+            retry_interval=0.2,
+            max_tenure=1.5,
+            cooldown=0.3,
+            on_elected=elected,
+            on_lost=lost,
         )
         for i in range(5)
     ]
@@ -46,7 +54,7 @@ def test_five_electors_rotate_without_overlap(kind: str, backend_factory: Any) -
 
     ordered = sorted(windows.items(), key=lambda kv: kv[1][0])
     assert len(ordered) >= 4, ordered
-    for (prev_key, (_, prev_end)), (key, (start, _)) in zip(ordered, ordered[1:]):
+    for (prev_key, (_, prev_end)), (key, (start, _)) in itertools.pairwise(ordered):
         assert start >= prev_end, f"{key} elected at {start} while {prev_key} led until {prev_end}"
         assert key[1] > prev_key[1], f"token went from {prev_key[1]} to {key[1]}"
     identities = {ident for ident, _ in windows}
