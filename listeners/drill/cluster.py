@@ -38,7 +38,7 @@ NAMESPACE = "singleton-drill"
 
 @dataclass(frozen=True)
 class Timings:
-    """Short lease timings: ``max_await_time`` (0.5 s) must stay <= renew_deadline / 4."""
+    """Short lease timings: ``max_await_time`` (0.1 s) must stay <= renew_deadline / 4."""
 
     ttl: float = 2.5
     renew_interval: float = 0.5

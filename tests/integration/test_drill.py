@@ -17,6 +17,8 @@ import pytest
 from listeners.drill.cluster import have_faketime
 
 ROUNDS = 20
+#: Short leases keep the suite fast; users' default is 2.5 s (`make drill`).
+TTL = "1.5"
 
 
 def drill(tmp_path: Path, *args: str, timeout: float = 200) -> tuple[int, dict[str, Any], str]:
@@ -45,6 +47,8 @@ def test_short_drill_of_mixed_faults_passes(backend: str, tmp_path: Path) -> Non
         str(ROUNDS),
         "--seed",
         "7",
+        "--ttl",
+        TTL,
         "--report",
         str(report),
     )
@@ -87,6 +91,8 @@ def test_drill_with_fencing_disabled_fails(tmp_path: Path) -> None:
         "2",
         "--seed",
         "3",
+        "--ttl",
+        TTL,
         "--unsafe-disable-fencing",
         "--workdir",
         str(workdir),
