@@ -11,6 +11,7 @@ import pytest
 
 from listeners._es_verify import compare, es_documents
 from listeners.elasticsearch import ElasticsearchSync
+from singleton.embedded import MongoServer
 from singleton.errors import LeaseLostError
 from tests.integration.es_support import (
     Tenures,
@@ -22,9 +23,17 @@ from tests.integration.es_support import (
 )
 
 
+@pytest.fixture(scope="module")
+def own_mongo() -> Iterator[MongoServer]:
+    # A server of its own: on SecantusDB, finding where a transaction starts scans the oplog,
+    # which the rest of the suite would otherwise have grown to tens of thousands of entries.
+    with MongoServer() as server:
+        yield server
+
+
 @pytest.fixture
-def client(mongo_url: str) -> Iterator[pymongo.MongoClient[dict[str, Any]]]:
-    c: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+def client(own_mongo: MongoServer) -> Iterator[pymongo.MongoClient[dict[str, Any]]]:
+    c: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(own_mongo.url)
     yield c
     c.close()
 
