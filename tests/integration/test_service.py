@@ -206,28 +206,19 @@ def _streaming(client: Any, db: str, coll: str) -> bool:
     return bool(client[db]["handled"].count_documents({"ns": f"{db}.{coll}"}))
 
 
+def one_replica_args(redis_url: str, mongo_url: str, unique: str) -> list[str]:
+    return [
+        "--backend", "redis", "--redis-url", redis_url, "--mongo-url", mongo_url,
+        "--namespace", f"svc{unique}", *TIMINGS,
+        "--listener", LISTENER, "-o", f"database=db{unique}", "-o", "collection=orders",
+    ]  # fmt: skip
+
+
 def test_unreachable_lease_store_retries_never_leads_and_stops_cleanly(
     mongo_url: str, unique: str, tmp_path: Path
 ) -> None:
     dead = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
-    args = [
-        "--backend",
-        "redis",
-        "--redis-url",
-        dead,
-        "--mongo-url",
-        mongo_url,
-        "--namespace",
-        f"svc{unique}",
-        *TIMINGS,
-        "--listener",
-        LISTENER,
-        "-o",
-        f"database=db{unique}",
-        "-o",
-        "collection=orders",
-    ]
-    proc = ReplicaProc("lonely", args, tmp_path).start()
+    proc = ReplicaProc("lonely", one_replica_args(dead, mongo_url, unique), tmp_path).start()
     try:
         wait_until(lambda: proc.log().count("contend failed") >= 2, 30, what="two retries")
         proc.signal(signal.SIGTERM)
@@ -245,24 +236,7 @@ def test_wrong_password_never_reaches_the_logs(
 ) -> None:
     # redis-server here has no password: AUTH fails, and the error is logged on every retry.
     bad = redis_url.replace("redis://", "redis://someone:hunter2@")
-    args = [
-        "--backend",
-        "redis",
-        "--redis-url",
-        bad,
-        "--mongo-url",
-        mongo_url,
-        "--namespace",
-        f"svc{unique}",
-        *TIMINGS,
-        "--listener",
-        LISTENER,
-        "-o",
-        f"database=db{unique}",
-        "-o",
-        "collection=orders",
-    ]
-    proc = ReplicaProc("badpass", args, tmp_path).start()
+    proc = ReplicaProc("badpass", one_replica_args(bad, mongo_url, unique), tmp_path).start()
     try:
         wait_until(lambda: "contend failed" in proc.log(), 30, what="a failed attempt")
     finally:
