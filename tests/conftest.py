@@ -52,6 +52,16 @@ def es_url(es_server: ElasticServer) -> str:
 
 
 @pytest.fixture
+def client(mongo_url: str) -> Iterator[Any]:
+    """A pymongo client on the session's SecantusDB (modules needing a fresh server override it)."""
+    import pymongo
+
+    c: Any = pymongo.MongoClient(mongo_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture
 def unique() -> str:
     """A fresh suffix, so tests sharing a server never share keys, collections or indices."""
     return uuid.uuid4().hex[:12]

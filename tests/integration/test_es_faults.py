@@ -3,11 +3,9 @@ violates the mapping is dead-lettered and the rest flow on."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pymongo
-import pytest
 
 from listeners._es_verify import compare
 from listeners.deadletter import DeadLetterStore
@@ -21,13 +19,6 @@ from tests.integration.es_support import (
     put_marker,
     random_workload,
 )
-
-
-@pytest.fixture
-def client(mongo_url: str) -> Iterator[pymongo.MongoClient[dict[str, Any]]]:
-    c: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
-    yield c
-    c.close()
 
 
 def test_429_for_30_percent_of_items_loses_nothing_and_bad_documents_are_dead_lettered(

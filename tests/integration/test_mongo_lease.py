@@ -165,13 +165,6 @@ def children(mongo_url: str, unique: str) -> Iterator[Children]:
         kids.kill_all()
 
 
-@pytest.fixture
-def client(mongo_url: str) -> Iterator[pymongo.MongoClient[dict[str, Any]]]:
-    c: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
-    yield c
-    c.close()
-
-
 class Transcript:
     """Every write to the leases collection, in the server's order, from a change stream."""
 
