@@ -25,8 +25,8 @@ from loguru import logger
 
 from singleton.backends.redis import RedisLeaseBackend
 from singleton.elector import Elector
-from singleton.embedded import RedisServer
 from singleton.leadership import Leadership
+from singleton.service.embedded import RedisServer
 
 ROTATIONS = 50
 CRASHES = 10

@@ -25,7 +25,7 @@ from loguru import logger
 
 from singleton.backends.mongo import MongoLeaseBackend
 from singleton.elector import Elector
-from singleton.embedded import MongoServer
+from singleton.service.embedded import MongoServer
 
 Doc = dict[str, Any]
 CONTENDERS = 8

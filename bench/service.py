@@ -21,9 +21,9 @@ from typing import Any
 
 import pymongo
 
-from listeners._cluster import ReplicaProcess
 from singleton.backends.redis import RedisLeaseBackend
-from singleton.embedded import ElasticServer, MongoServer, RedisServer, wait_until
+from singleton.service.cluster import ReplicaProcess
+from singleton.service.embedded import ElasticServer, MongoServer, RedisServer, wait_until
 
 LEASE = "bench-orders"
 ROUNDS = 10
@@ -81,7 +81,7 @@ index = "bench-orders"
             [
                 sys.executable,
                 "-m",
-                "singleton.cli",
+                "singleton.service.cli",
                 "run",
                 "--config",
                 str(config),

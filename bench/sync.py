@@ -25,14 +25,14 @@ import pymongo
 from bson.timestamp import Timestamp
 from loguru import logger
 
-from listeners._es_docs import doc_id, source_of
-from listeners._es_http import UrllibTransport
 from listeners.base import ListenerContext
 from listeners.elasticsearch import ElasticsearchSync
-from listeners.versioning import EventVersioner
+from listeners.elasticsearch.documents import doc_id, source_of
+from listeners.elasticsearch.transport import UrllibTransport
+from listeners.elasticsearch.versioning import EventVersioner
 from singleton.clock import SYSTEM_CLOCK
-from singleton.embedded import ElasticServer, MongoServer
 from singleton.leadership import Leadership
+from singleton.service.embedded import ElasticServer, MongoServer
 from singleton.testing import MemoryLeaseBackend
 
 DOCS = 6000

@@ -1,8 +1,9 @@
 """An optional audit trail of what a runner had acknowledged: evidence for the failover drill.
 
-Set ``SINGLETON_AUDIT_FILE=/path/audit.jsonl`` in a replica's environment and its
-:class:`~listeners.runner.ListenerRunner` appends one JSON object per line (one ``write(2)`` on an
-``O_APPEND`` descriptor, so a SIGKILL leaves at most one torn last line, which readers skip)::
+Pass an :class:`AuditLog` to :class:`~listeners.runner.ListenerRunner` (``audit=``; ``singleton
+run`` opens one when ``SINGLETON_AUDIT_FILE`` is set) and the runner appends one JSON object per
+line (one ``write(2)`` on an ``O_APPEND`` descriptor, so a SIGKILL leaves at most one torn last
+line, which readers skip)::
 
     {"kind": "elected",    "token": 7, "identity": "replica-2", "mono": ..., "wall": ...}
     {"kind": "lost",       "token": 7, "reason": "released", ...}
@@ -22,10 +23,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any
-
-ENV = "SINGLETON_AUDIT_FILE"
 
 
 def ts_pair(ts: Any) -> list[int] | None:
@@ -60,9 +58,3 @@ class AuditLog:
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
-
-
-def audit_from_env(identity: str = "", environ: Mapping[str, str] | None = None) -> AuditLog | None:
-    """The audit log named by ``SINGLETON_AUDIT_FILE``, or ``None`` when it is not set."""
-    path = (os.environ if environ is None else environ).get(ENV)
-    return AuditLog(path, identity) if path else None

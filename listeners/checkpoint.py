@@ -26,7 +26,6 @@ from singleton.errors import (
     PermissionDeniedError,
     StaleWriterError,
 )
-from singleton.unsafe import fencing_disabled
 
 if TYPE_CHECKING:
     import redis
@@ -166,8 +165,11 @@ class MongoCheckpointStore(CheckpointStore):
         client_or_url: MongoClient[dict[str, Any]] | str,
         database: str = "singleton",
         collection: str = "checkpoints",
+        *,
+        unsafe_disable_fencing: bool = False,
     ) -> None:
         self._client, self._owned = mongo_client(client_or_url)
+        self._fenced = not unsafe_disable_fencing
         self._coll = self._client[database][collection]
 
     def describe(self) -> str:
@@ -193,7 +195,7 @@ class MongoCheckpointStore(CheckpointStore):
         import pymongo.errors as pe
 
         cond: dict[str, Any] = {"_id": name}
-        if not fencing_disabled():
+        if self._fenced:
             cond["fencing_token"] = {"$lte": token}
         if ct is not None:
             cond["$or"] = [{"cluster_time": {"$lte": ct}}, {"cluster_time": None}]
@@ -296,9 +298,16 @@ def _text(value: bytes | str) -> str:
 class RedisCheckpointStore(CheckpointStore):
     """One hash per listener at ``{namespace}:checkpoint:{name}``, written by one Lua script."""
 
-    def __init__(self, client_or_url: redis.Redis | str, namespace: str = "singleton") -> None:
+    def __init__(
+        self,
+        client_or_url: redis.Redis | str,
+        namespace: str = "singleton",
+        *,
+        unsafe_disable_fencing: bool = False,
+    ) -> None:
         import redis as redis_mod
 
+        self._fenced = not unsafe_disable_fencing
         if isinstance(client_or_url, str):
             self._client: redis_mod.Redis = redis_mod.Redis.from_url(
                 client_or_url, socket_timeout=5, socket_connect_timeout=3
@@ -334,7 +343,7 @@ class RedisCheckpointStore(CheckpointStore):
 
     def _run(self, name: str, args: list[Any]) -> list[int]:
         with _redis_errors(f"save {args[0]} {name!r}"):
-            args = [*args, "1" if fencing_disabled() else "0"]
+            args = [*args, "0" if self._fenced else "1"]
             return [int(x) for x in self._script(keys=[self._key(name)], args=args)]
 
     def save(self, checkpoint: Checkpoint) -> None:

@@ -24,17 +24,17 @@ import pymongo
 from bson.timestamp import Timestamp
 from loguru import logger
 
-from listeners._streams import (
+from listeners.audit import AuditLog, ts_pair
+from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext, StopReason
+from listeners.checkpoint import Checkpoint, CheckpointStore, MongoCheckpointStore, mongo_client
+from listeners.deadletter import DeadLetterStore, PoisonEventError, PoisonHandler
+from listeners.streams import (
     StandbyChecker,
     StartPosition,
     classify,
     cluster_time,
     token_time,
 )
-from listeners.audit import audit_from_env, ts_pair
-from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext, StopReason
-from listeners.checkpoint import Checkpoint, CheckpointStore, MongoCheckpointStore, mongo_client
-from listeners.deadletter import DeadLetterStore, PoisonEventError, PoisonHandler
 from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.errors import (
     ConfigurationError,
@@ -103,6 +103,7 @@ class ListenerRunner:
         standby_interval: float | None = 30.0,
         oplog_headroom_warning: float = 0.1,
         seed: int | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         if not 0 < max_await_time <= elector.renew_deadline / 4:
             raise ConfigurationError(
@@ -133,8 +134,8 @@ class ListenerRunner:
         self._tenure: _Tenure | None = None
         self._stopping = threading.Event()
         self._started = False
-        #: the drill's evidence (``SINGLETON_AUDIT_FILE``; see listeners.audit)
-        self._audit = audit_from_env(elector.identity)
+        #: the drill's evidence (see listeners.audit); owned by whoever passed it in
+        self._audit = audit
         self._status: dict[str, Any] = {
             "listener": self.name,
             "state": "follower",
@@ -185,8 +186,6 @@ class ListenerRunner:
             tenure.thread.join(timeout)
         self.standby.stop(timeout)
         self._set(state="stopped")
-        if self._audit is not None:
-            self._audit.close()
         if self._owns_client:
             self._client.close()
         logger.info("listener runner stopped: listener={}", self.name)

@@ -32,7 +32,7 @@ from singleton.abc import HOLDER_SEPARATOR, Lease, LeaseBackend, LeaseState, ide
 from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.leadership import Leadership
-from singleton.unsafe import fencing_disabled
+from singleton.timings import LeaseTimings
 
 
 class OnElected(Protocol):
@@ -71,14 +71,6 @@ def default_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def _number(name: str, value: object, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
-    return float(value)
-
-
 class Elector:
     """Campaign for ``name`` on ``backend``; while elected, renew; on any doubt, step down.
 
@@ -101,6 +93,7 @@ class Elector:
         max_tenure: float | None = None,
         cooldown: float | None = None,
         release_timeout: float | None = None,
+        timings: LeaseTimings | None = None,
         on_elected: OnElected | None = None,
         on_lost: OnLost | None = None,
         on_new_leader: OnNewLeader | None = None,
@@ -108,35 +101,22 @@ class Elector:
         clock: Clock | None = None,
         jitter: float = 0.1,
         seed: int | None = None,
+        unsafe_disable_fencing: bool = False,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"lease name must be a non-empty string, got {name!r}")
         if identity is not None and (not isinstance(identity, str) or not identity):
             raise ConfigurationError(f"identity must be a non-empty string, got {identity!r}")
-        ttl_f = _number("ttl", ttl)
-        assert ttl_f is not None
-        interval = _number(
-            "renew_interval", ttl_f / 3 if renew_interval is None else renew_interval
-        )
-        deadline = _number(
-            "renew_deadline", 2 * ttl_f / 3 if renew_deadline is None else renew_deadline
-        )
-        retry = _number("retry_interval", retry_interval)
-        tenure = _number("max_tenure", max_tenure, allow_none=True)
-        cool = _number("cooldown", retry if cooldown is None else cooldown)
-        assert interval is not None and deadline is not None and retry is not None
-        assert cool is not None
-        if not (ttl_f > deadline > 1.2 * interval > 0):
-            raise ConfigurationError(
-                "lease timings must satisfy ttl > renew_deadline > 1.2 * renew_interval > 0, got "
-                f"ttl={ttl_f!r}, renew_deadline={deadline!r}, renew_interval={interval!r}"
+        if timings is None:
+            timings = LeaseTimings.of(
+                ttl,
+                renew_interval,
+                renew_deadline,
+                retry_interval,
+                max_tenure,
+                cooldown,
+                release_timeout,
             )
-        if retry <= 0:
-            raise ConfigurationError(f"retry_interval must be > 0, got {retry!r}")
-        if tenure is not None and tenure <= 0:
-            raise ConfigurationError(f"max_tenure must be > 0 or None, got {tenure!r}")
-        if cool < 0:
-            raise ConfigurationError(f"cooldown must be >= 0, got {cool!r}")
         if not 0 <= jitter < 1:
             raise ConfigurationError(f"jitter must be in [0, 1), got {jitter!r}")
         if HOLDER_SEPARATOR in (identity or ""):
@@ -147,22 +127,18 @@ class Elector:
         self.backend = backend
         self.name = name
         self.identity = identity or default_identity()
-        self.ttl = ttl_f
-        self.renew_interval = interval
-        self.renew_deadline = deadline
-        self.retry_interval = retry
-        self.max_tenure = tenure
-        self.cooldown = cool
-        drain = _number(
-            "release_timeout", deadline / 2 if release_timeout is None else release_timeout
-        )
-        assert drain is not None
-        if drain <= 0:
-            raise ConfigurationError(f"release_timeout must be > 0, got {drain!r}")
-        self.release_timeout = drain
+        self.timings = timings
+        self.ttl = timings.ttl
+        self.renew_interval = timings.renew_interval
+        self.renew_deadline = timings.renew_deadline
+        self.retry_interval = timings.retry_interval
+        self.max_tenure = timings.max_tenure
+        self.cooldown = timings.cooldown
+        self.release_timeout = timings.release_timeout
         self._clock = clock or SYSTEM_CLOCK
         self._jitter = jitter
         self._rng = random.Random(seed)
+        self._fenced = not unsafe_disable_fencing
 
         self._on_elected: list[OnElected] = [on_elected] if on_elected else []
         self._on_lost: list[OnLost] = [on_lost] if on_lost else []
@@ -371,7 +347,9 @@ class Elector:
         return True
 
     def _elected(self, lease: Lease, sent: float) -> None:
-        ld = Leadership(lease, self.identity, sent + self.renew_deadline, self._clock)
+        ld = Leadership(
+            lease, self.identity, sent + self.renew_deadline, self._clock, fenced=self._fenced
+        )
         with self._lock:
             self._leadership = ld
             self._rotate_requested = False
@@ -537,7 +515,7 @@ class Elector:
                     self._cv.wait()
                     continue
                 left = ld._valid_until - self._clock.monotonic()
-                if left > 0 or fencing_disabled():  # unsafe test mode: no deadline to watch
+                if left > 0 or not ld.fenced:  # unsafe test mode: no deadline to watch
                     self._cv.wait(left if left > 0 else self.renew_interval)
                     continue
             self._check_deadline()

@@ -7,7 +7,6 @@ import threading
 from singleton.abc import Lease
 from singleton.clock import Clock
 from singleton.errors import LeaseLostError
-from singleton.unsafe import fencing_disabled
 
 #: Why a tenure ended: a planned rotation, a renew deadline that passed without a confirmed
 #: renewal, the store saying another holder owns it, or ``Elector.stop()``.
@@ -22,7 +21,15 @@ class Leadership:
     the lease expire. ``lost`` is set when the elector demotes itself; wait on it to stop work.
     """
 
-    def __init__(self, lease: Lease, identity: str, valid_until: float, clock: Clock) -> None:
+    def __init__(
+        self,
+        lease: Lease,
+        identity: str,
+        valid_until: float,
+        clock: Clock,
+        *,
+        fenced: bool = True,
+    ) -> None:
         self.name = lease.name
         self.identity = identity
         self.holder = lease.holder
@@ -33,6 +40,10 @@ class Leadership:
         self._valid_until = valid_until
         self._clock = clock
         self._reason: str | None = None
+        #: False only in the failover drill's unsafe mode
+        #: (``Elector(unsafe_disable_fencing=True)``): the tenure then acts until told it lost,
+        #: and sinks write without fencing.
+        self.fenced = fenced
 
     @property
     def lease(self) -> Lease:
@@ -49,7 +60,7 @@ class Leadership:
         if self.lost.is_set():
             return False
         # The drill's unsafe mode: act until told otherwise, like the naive peers.
-        return fencing_disabled() or self._clock.monotonic() < self._valid_until
+        return not self.fenced or self._clock.monotonic() < self._valid_until
 
     def remaining(self) -> float:
         """Seconds this tenure may still act without another confirmed renewal."""

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from singleton.abc import LeaseBackend
-from singleton.embedded import ElasticServer, MongoServer, RedisServer
+from singleton.service.embedded import ElasticServer, MongoServer, RedisServer
 from singleton.testing import MemoryLeaseBackend
 
 BACKENDS = ["memory", "fakeredis", "redis", "mongo"]

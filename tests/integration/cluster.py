@@ -27,7 +27,7 @@ class ReplicaProc:
     def start(self) -> ReplicaProc:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "singleton.cli", "run", *self.args],
+                [sys.executable, "-m", "singleton.service.cli", "run", *self.args],
                 cwd=ROOT,
                 env=self.env,
                 stdout=log,
@@ -64,7 +64,7 @@ def status_json(args: list[str]) -> dict[str, object]:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SINGLETON_")}
     out = subprocess.run(
-        [sys.executable, "-m", "singleton.cli", "status", "--json", *args],
+        [sys.executable, "-m", "singleton.service.cli", "status", "--json", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

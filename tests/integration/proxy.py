@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from listeners.drill.proxy import TICK, TcpProxy
+from singleton.service.drill.proxy import TICK, TcpProxy
 
 __all__ = ["TICK", "TcpProxy"]

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from singleton.abc import Lease, LeaseBackend, LeaseState
-from singleton.embedded import wait_until
 from singleton.errors import ConfigurationError
+from singleton.service.embedded import wait_until
 from singleton.testing import MemoryLeaseBackend
 
 TTL = 5.0

@@ -16,7 +16,7 @@ def test_demo_passes(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "singleton.cli",
+            "singleton.service.cli",
             "demo",
             "--duration",
             "30",

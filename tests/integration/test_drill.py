@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from listeners.drill.cluster import have_faketime
+from singleton.service.drill.cluster import have_faketime
 
 ROUNDS = 20
 #: Short leases keep the suite fast; users' default is 2.5 s (`make drill`).
@@ -23,7 +23,7 @@ TTL = "1.5"
 
 def drill(tmp_path: Path, *args: str, timeout: float = 200) -> tuple[int, dict[str, Any], str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "singleton.cli", "drill", "--json", *args],
+        [sys.executable, "-m", "singleton.service.cli", "drill", "--json", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

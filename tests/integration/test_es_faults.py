@@ -7,9 +7,9 @@ from typing import Any
 
 import pymongo
 
-from listeners._es_verify import compare
 from listeners.deadletter import DeadLetterStore
 from listeners.elasticsearch import ElasticsearchSync
+from listeners.elasticsearch.verify import compare
 from tests.integration.es_proxy import BulkRejectingProxy
 from tests.integration.es_support import (
     Tenures,

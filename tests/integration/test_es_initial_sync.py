@@ -11,11 +11,11 @@ from typing import Any
 import pymongo
 import pytest
 
-from listeners._es_verify import compare
 from listeners.checkpoint import MongoCheckpointStore
 from listeners.elasticsearch import ElasticsearchSync
-from singleton.embedded import MongoServer
+from listeners.elasticsearch.verify import compare
 from singleton.errors import LeaseLostError
+from singleton.service.embedded import MongoServer
 from tests.integration.es_support import (
     Tenures,
     cluster_time,

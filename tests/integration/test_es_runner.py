@@ -8,10 +8,10 @@ from typing import Any
 import pymongo
 import urllib3
 
-from listeners._es_verify import compare
 from listeners.checkpoint import MongoCheckpointStore
 from listeners.elasticsearch import ElasticsearchSync
-from singleton.embedded import wait_until
+from listeners.elasticsearch.verify import compare
+from singleton.service.embedded import wait_until
 from singleton.testing import MemoryLeaseBackend
 from tests.integration.es_support import random_workload
 from tests.integration.listener_support import make_runner

@@ -9,10 +9,10 @@ from typing import Any
 import pymongo
 import pytest
 
-from listeners._es_verify import compare, es_documents
 from listeners.elasticsearch import ElasticsearchSync
-from singleton.embedded import MongoServer
+from listeners.elasticsearch.verify import compare, es_documents
 from singleton.errors import LeaseLostError
+from singleton.service.embedded import MongoServer
 from tests.integration.es_support import (
     Tenures,
     cluster_time,

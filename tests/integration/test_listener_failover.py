@@ -10,8 +10,8 @@ from typing import Any
 import pymongo
 import pytest
 
-from singleton.embedded import wait_until
 from singleton.errors import BackendUnavailableError
+from singleton.service.embedded import wait_until
 from singleton.testing import MemoryLeaseBackend
 from tests.integration.listener_support import (
     Recorder,

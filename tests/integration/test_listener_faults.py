@@ -9,7 +9,7 @@ from typing import Any
 import pymongo
 import pytest
 
-from singleton.embedded import MongoServer, wait_until
+from singleton.service.embedded import MongoServer, wait_until
 from singleton.testing import MemoryLeaseBackend
 from tests.integration.listener_support import (
     Recorder,

@@ -10,7 +10,7 @@ import pymongo
 import pytest
 
 from listeners import MongoCheckpointStore
-from singleton.embedded import MongoServer, wait_until
+from singleton.service.embedded import MongoServer, wait_until
 from singleton.testing import MemoryLeaseBackend
 from tests.integration.listener_support import (
     LogCapture,

@@ -27,8 +27,8 @@ import pytest
 from singleton.abc import Lease
 from singleton.backends.mongo import MongoLeaseBackend
 from singleton.elector import Elector
-from singleton.embedded import MongoServer, free_port, wait_until
 from singleton.errors import BackendUnavailableError, ConfigurationError, PermissionDeniedError
+from singleton.service.embedded import MongoServer, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "job"

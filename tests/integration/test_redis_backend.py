@@ -21,9 +21,9 @@ import redis
 from singleton.abc import Lease, LeaseBackend
 from singleton.backends.redis import RedisLeaseBackend
 from singleton.elector import Elector
-from singleton.embedded import RedisServer, free_port, wait_until
 from singleton.errors import BackendUnavailableError, ConfigurationError, PermissionDeniedError
 from singleton.leadership import Leadership
+from singleton.service.embedded import RedisServer, free_port, wait_until
 from tests.integration.proxy import TcpProxy
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from singleton import Elector, Leadership
-from singleton.embedded import wait_until
+from singleton.service.embedded import wait_until
 
 
 @pytest.mark.parametrize("kind", ["memory", "fakeredis", "redis", "mongo"])

@@ -14,7 +14,7 @@ import pymongo
 import pytest
 
 from singleton.abc import LeaseBackend
-from singleton.embedded import free_port, wait_until
+from singleton.service.embedded import free_port, wait_until
 from tests.integration.cluster import ReplicaProc, status_json
 
 LISTENER = "tests.integration.recording:RecordingListener"

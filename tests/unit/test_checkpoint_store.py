@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from listeners import Checkpoint, CheckpointStore, MongoCheckpointStore, RedisCheckpointStore
-from listeners._streams import token_time
+from listeners.streams import token_time
 from singleton.errors import StaleWriterError
 
 

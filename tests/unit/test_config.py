@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from singleton.cli import main
-from singleton.config import ConfigurationError, load_config
 from singleton.redact import redact
+from singleton.service.cli import main
+from singleton.service.config import ConfigurationError, load_config
+from singleton.service.replica import build_listeners
 
 TOML = """
 backend = "redis"
@@ -37,7 +38,7 @@ def toml(tmp_path: Path) -> Path:
 
 def test_file_then_env_then_flags(toml: Path) -> None:
     cfg = load_config(toml)
-    assert (cfg.namespace, cfg.lease.ttl, cfg.listeners[0].lease_name) == (
+    assert (cfg.namespace, cfg.lease.ttl, cfg.listeners[0].options["name"]) == (
         "file",
         15.0,
         "orders-log",
@@ -56,7 +57,7 @@ def test_file_then_env_then_flags(toml: Path) -> None:
         ({"SINGLETON_BAKEND": "redis"}, "unknown key 'bakend' (did you mean 'backend'?)"),
         ({"SINGLETON_LEASE__TLL": "3"}, "unknown key lease.tll (did you mean 'ttl'?)"),
         ({"SINGLETON_LEASE__TTL": "soon"}, "lease.ttl must be a number, got 'soon'"),
-        ({"SINGLETON_LEASE__RENEW_DEADLINE": "15"}, "ttl=15.0, renew_deadline=15.0"),
+        ({"SINGLETON_LEASE__RENEW_DEADLINE": "15"}, "ttl=15, renew_deadline=15"),
         (
             {"SINGLETON_BACKEND": "zookeeper"},
             "backend must be one of redis, mongo, got 'zookeeper'",
@@ -92,7 +93,7 @@ def test_duplicate_listener_names(tmp_path: Path) -> None:
     path = tmp_path / "dup.toml"
     path.write_text(TOML + TOML.split("\n\n")[-1])
     with pytest.raises(ConfigurationError, match="repeated: orders-log"):
-        load_config(path)
+        build_listeners(load_config(path))
 
 
 def test_redact() -> None:
@@ -116,7 +117,7 @@ def test_redact() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["status", "--ttl", "5", "--renew-deadline", "6"], "ttl=5.0, renew_deadline=6.0"),
+        (["status", "--ttl", "5", "--renew-deadline", "6"], "ttl=5, renew_deadline=6"),
         (["status", "--backend", "mongodb"], "did you mean 'mongo'?"),
         (["run", "--listener", "elastisearch"], "did you mean 'elasticsearch'?"),
         (["run", "--listener", "nosuch.module:Thing"], "cannot import listener"),

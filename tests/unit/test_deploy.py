@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from singleton.config import load_config
+from singleton.service.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,4 +43,4 @@ def test_docker_compose_config_is_valid() -> None:
 def test_replica_config_file_is_valid() -> None:
     config = load_config(ROOT / "deploy" / "singleton.toml")
     assert config.listeners[0].use == "elasticsearch"
-    assert config.lease.resolved().renew_deadline == 10.0
+    assert config.lease.timings().renew_deadline == 10.0

@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from listeners.drill.faults import KINDS, FaultRecord, parse_kinds, plan
-from listeners.drill.verdict import (
+from singleton.errors import ConfigurationError
+from singleton.service.drill.faults import KINDS, FaultRecord, parse_kinds, plan
+from singleton.service.drill.verdict import (
     checkpoint_regressions,
     fencing_violations,
     percentile,
     split_extra,
     takeover_gaps,
 )
-from singleton.errors import ConfigurationError
 
 
 def test_schedule_is_a_function_of_the_seed() -> None:

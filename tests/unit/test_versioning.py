@@ -11,7 +11,7 @@ from bson.timestamp import Timestamp
 from hypothesis import given
 from hypothesis import strategies as st
 
-from listeners import versioning as v
+from listeners.elasticsearch import versioning as v
 
 seconds = st.integers(v.EPOCH, v.EPOCH + v.MAX_SECONDS)
 increments = st.integers(0, v.MAX_INCREMENT)

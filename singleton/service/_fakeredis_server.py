@@ -1,4 +1,4 @@
-"""``python -m singleton._fakeredis_server PORT``: fakeredis over TCP, for machines without
+"""``python -m singleton.service._fakeredis_server PORT``: fakeredis over TCP, for machines without
 ``redis-server`` (the embedded demo). Tests that need real Redis semantics use ``redis-server``."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from listeners._es_bulk import DeadLetter
+from listeners.elasticsearch.bulk import DeadLetter
 from singleton.errors import SinkError
 
 if TYPE_CHECKING:

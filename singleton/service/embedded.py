@@ -188,7 +188,7 @@ class RedisServer(EmbeddedServer):
 
     def command(self) -> Sequence[str]:
         if self.binary is None:
-            return [sys.executable, "-m", "singleton._fakeredis_server", str(self.port)]
+            return [sys.executable, "-m", "singleton.service._fakeredis_server", str(self.port)]
         return [
             self.binary,
             "--port",

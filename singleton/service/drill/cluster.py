@@ -1,9 +1,9 @@
 """The drill's cluster: servers, one lease-store proxy and one audit file per replica, replicas.
 
-Every replica reaches the lease store through its own :class:`~listeners.drill.proxy.TcpProxy`
-(so one replica can be partitioned while the others keep going), writes its audit trail to its
-own file (:mod:`listeners.audit`), and, when ``clock-jump`` is drilled, runs under libfaketime with
-its own offset file: its wall clock jumps, its monotonic clock does not
+Every replica reaches the lease store through its own :class:`~.proxy.TcpProxy` (so one replica can
+be partitioned while the others keep going), writes its audit trail to its own file
+(:mod:`listeners.audit`), and, when ``clock-jump`` is drilled, runs under libfaketime with its own
+offset file: its wall clock jumps, its monotonic clock does not
 (``FAKETIME_DONT_FAKE_MONOTONIC=1``).
 
 Redis runs with an fsync-always append-only file: the fencing counter lives in Redis, and a
@@ -22,15 +22,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from listeners._cluster import ReplicaProcess, es_listener_toml
-from listeners.audit import ENV as AUDIT_ENV
-from listeners.drill.proxy import TcpProxy
 from singleton.abc import LeaseBackend, LeaseState
-from singleton.config import Config, load_config
-from singleton.embedded import ElasticServer, EmbeddedServer, MongoServer, RedisServer
 from singleton.errors import ConfigurationError, SingletonError
-from singleton.service import make_backend
-from singleton.unsafe import ENV as UNSAFE_ENV
+from singleton.service.cluster import ReplicaProcess, es_listener_toml
+from singleton.service.config import AUDIT_ENV, UNSAFE_ENV, Config, load_config
+from singleton.service.drill.proxy import TcpProxy
+from singleton.service.embedded import ElasticServer, EmbeddedServer, MongoServer, RedisServer
+from singleton.service.registry import make_backend
 
 DATABASE, COLLECTION, INDEX, LEASE = "drill", "orders", "drill-orders", "drill-orders"
 NAMESPACE = "singleton-drill"
@@ -219,7 +217,14 @@ cooldown = {t.cooldown}
             identity = f"replica-{i}"
             proxy = TcpProxy(host, port)
             self.proxies[identity] = proxy
-            argv = [sys.executable, "-m", "singleton.cli", "run", "--config", str(config_path)]
+            argv = [
+                sys.executable,
+                "-m",
+                "singleton.service.cli",
+                "run",
+                "--config",
+                str(config_path),
+            ]
             argv += ["--identity", identity]
             flag = "--redis-url" if self.backend_name == "redis" else "--mongo-url"
             argv += [flag, via_proxy(store_url, proxy.port)]

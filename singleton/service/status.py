@@ -6,9 +6,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from singleton.config import Config
 from singleton.errors import SingletonError
 from singleton.redact import redact
+from singleton.service.config import Config
 
 
 def _cluster_time_seconds(ts: Any) -> float | None:
@@ -17,9 +17,11 @@ def _cluster_time_seconds(ts: Any) -> float | None:
 
 def cluster_status(config: Config, extra_leases: list[str] | None = None) -> dict[str, Any]:
     """``{"leases": [...], "checkpoints": [...]}`` for every configured listener."""
-    from singleton.service import make_backend, make_checkpoint_store
+    from singleton.service.registry import make_backend, make_checkpoint_store
+    from singleton.service.replica import build_listeners
 
-    names = [lc.lease_name for lc in config.listeners] + list(extra_leases or [])
+    listener_names = [listener.lease_name for listener in build_listeners(config)]
+    names = listener_names + list(extra_leases or [])
     leases: list[dict[str, Any]] = []
     checkpoints: list[dict[str, Any]] = []
     errors: list[str] = []
@@ -51,16 +53,16 @@ def cluster_status(config: Config, extra_leases: list[str] | None = None) -> dic
         try:
             store = make_checkpoint_store(config, client)
             now = dt.datetime.now(dt.timezone.utc).timestamp()
-            for lc in config.listeners:
+            for name in listener_names:
                 try:
-                    cp = store.load(lc.lease_name)
+                    cp = store.load(name)
                 except SingletonError as exc:
-                    errors.append(f"checkpoint {lc.lease_name}: {redact(str(exc))}")
+                    errors.append(f"checkpoint {name}: {redact(str(exc))}")
                     continue
                 seconds = None if cp is None else _cluster_time_seconds(cp.cluster_time)
                 checkpoints.append(
                     {
-                        "name": lc.lease_name,
+                        "name": name,
                         "cluster_time": seconds,
                         "age_seconds": None if seconds is None else round(now - seconds, 3),
                         "fencing_token": None if cp is None else cp.fencing_token,

@@ -1,5 +1,5 @@
 """Does an index equal its collection? Every id, every field, with the listener's own mapping
-(:func:`listeners._es_docs.source_of`), so tests and the failover drill share one verdict.
+(:func:`.documents.source_of`), so tests and the failover drill share one verdict.
 
     diff = compare(client.shop.orders, "http://localhost:9200", "shop.orders")
     assert diff.ok, diff
@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from listeners._es_docs import Transform, doc_id, source_of
-from listeners._es_http import make_transport, path_index
+from listeners.elasticsearch.documents import Transform, doc_id, source_of
+from listeners.elasticsearch.transport import make_transport, path_index
 from singleton.errors import SinkError
 
 

@@ -13,9 +13,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from singleton.config import Config, load_config
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.redact import redact
+from singleton.service.config import Config, TestSwitches, load_config
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _parse_value(text: str) -> Any:
     """``-o batch_size=100`` -> 100; TOML value syntax where it parses, else the raw string."""
-    from singleton.config import tomllib  # type: ignore[attr-defined]
+    from singleton.service.config import tomllib  # type: ignore[attr-defined]
 
     try:
         return tomllib.loads(f"v = {text}")["v"]
@@ -143,13 +143,13 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from singleton.logs import setup_logging
-    from singleton.metrics import MetricsServer
-    from singleton.service import Replica
+    from singleton.service.logs import setup_logging
+    from singleton.service.metrics import MetricsServer
+    from singleton.service.replica import Replica
 
     config = config_from_args(args)
     setup_logging(config.log_format, config.log_level, config.identity)
-    replica = Replica(config)
+    replica = Replica(config, switches=TestSwitches.from_environ(os.environ))
     metrics = None
     if config.metrics_address not in (None, "", "off"):
         assert config.metrics_address is not None
@@ -162,7 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from singleton.status import cluster_status, format_status
+    from singleton.service.status import cluster_status, format_status
 
     config = config_from_args(args)
     status = cluster_status(config, args.lease)
@@ -171,11 +171,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    # The demo and the drill exercise ElasticsearchSync, so they live in `listeners`; resolved
-    # by name so that `singleton` never imports `listeners`.
-    from singleton.registry import resolve
+    from singleton.service.demo import run_demo
 
-    run_demo = resolve("listeners.demo:run_demo", {}, "demo")
     return int(
         run_demo(
             duration=args.duration,
@@ -188,9 +185,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from singleton.registry import resolve
+    from singleton.service.drill import main as drill_main
 
-    drill_main = resolve("listeners.drill:main", {}, "drill")
     rest = list(args.args)
     return int(drill_main(rest[1:] if rest[:1] == ["--"] else rest))
 

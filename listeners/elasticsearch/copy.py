@@ -28,9 +28,9 @@ from pymongo.errors import OperationFailure
 _HISTORY_LOST = frozenset({286, 280, 136})
 
 if TYPE_CHECKING:
-    from listeners._es_bulk import BulkWriter
     from listeners.base import ListenerContext
-    from listeners.elasticsearch import ElasticsearchSync
+    from listeners.elasticsearch.bulk import BulkWriter
+    from listeners.elasticsearch.sync import ElasticsearchSync
 
 
 def copy_collection(listener: ElasticsearchSync, ctx: ListenerContext, writer: BulkWriter) -> int:
@@ -66,7 +66,7 @@ def copy_collection(listener: ElasticsearchSync, ctx: ListenerContext, writer: B
             try:
                 item = listener.item_for(doc, doc["_id"], version, {"op": "initial_sync"})
             except (ValueError, TypeError) as exc:
-                from listeners._es_bulk import BulkItem, DeadLetter
+                from listeners.elasticsearch.bulk import BulkItem, DeadLetter
 
                 bad = BulkItem("index", listener.index_name, str(doc["_id"]), version)
                 listener._dead([DeadLetter(bad, 0, f"cannot serialize: {exc}")])

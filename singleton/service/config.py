@@ -27,12 +27,13 @@ from __future__ import annotations
 import difflib
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from singleton.errors import ConfigurationError
 from singleton.redact import redact
+from singleton.timings import LeaseTimings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,8 +41,29 @@ else:  # pragma: no cover
     import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 ENV_PREFIX = "SINGLETON_"
-#: ``SINGLETON_*`` variables that are not configuration keys (read where they are used).
-NOT_CONFIG_ENV = frozenset({"SINGLETON_UNSAFE_DISABLE_FENCING", "SINGLETON_AUDIT_FILE"})
+#: Test-only switches, not configuration keys: the failover drill sets them on its replicas.
+#: ``SINGLETON_UNSAFE_DISABLE_FENCING=1`` turns fencing off (the drill proves it then fails);
+#: ``SINGLETON_AUDIT_FILE=PATH`` makes every runner append its evidence to PATH.
+UNSAFE_ENV = "SINGLETON_UNSAFE_DISABLE_FENCING"
+AUDIT_ENV = "SINGLETON_AUDIT_FILE"
+NOT_CONFIG_ENV = frozenset({UNSAFE_ENV, AUDIT_ENV})
+
+
+@dataclass(frozen=True)
+class TestSwitches:
+    """What the drill asks of a replica through its environment; never set in production."""
+
+    unsafe_disable_fencing: bool = False
+    audit_file: str | None = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> TestSwitches:
+        return cls(
+            unsafe_disable_fencing=environ.get(UNSAFE_ENV, "") not in ("", "0"),
+            audit_file=environ.get(AUDIT_ENV) or None,
+        )
+
+
 BACKENDS = ("redis", "mongo")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
@@ -56,36 +78,25 @@ class LeaseConfig:
     max_tenure: float | None = None
     cooldown: float | None = None
 
-    def resolved(self) -> LeaseConfig:
-        """With defaults filled in (``ttl / 3`` and ``2 * ttl / 3``) and the timing rule checked."""
-        interval = self.ttl / 3 if self.renew_interval is None else self.renew_interval
-        deadline = 2 * self.ttl / 3 if self.renew_deadline is None else self.renew_deadline
-        if not (self.ttl > deadline > 1.2 * interval > 0):
-            raise ConfigurationError(
-                "lease: ttl > renew_deadline > 1.2 * renew_interval > 0 does not hold for "
-                f"ttl={self.ttl!r}, renew_deadline={deadline!r}, renew_interval={interval!r}"
+    def timings(self) -> LeaseTimings:
+        """The validated timings (defaults derived from ``ttl``); raises naming the values."""
+        try:
+            return LeaseTimings.of(
+                self.ttl,
+                self.renew_interval,
+                self.renew_deadline,
+                self.retry_interval,
+                self.max_tenure,
+                self.cooldown,
             )
-        for key in ("retry_interval", "max_tenure"):
-            value = getattr(self, key)
-            if value is not None and value <= 0:
-                raise ConfigurationError(f"lease.{key} must be > 0, got {value!r}")
-        if self.cooldown is not None and self.cooldown < 0:
-            raise ConfigurationError(f"lease.cooldown must be >= 0, got {self.cooldown!r}")
-        return replace(self, renew_interval=interval, renew_deadline=deadline)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"lease: {exc}") from None
 
 
 @dataclass(frozen=True)
 class ListenerConfig:
     use: str
     options: Mapping[str, Any]
-
-    @property
-    def lease_name(self) -> str:
-        """The lease/checkpoint key, computed the way ``ChangeStreamListener`` does."""
-        name = self.options.get("name")
-        if name:
-            return str(name)
-        return f"{self.options.get('database')}.{self.options.get('collection') or '*'}"
 
 
 @dataclass(frozen=True)
@@ -228,7 +239,7 @@ def load_config(
 
 def build_config(merged: Mapping[str, Any]) -> Config:
     lease = LeaseConfig(**merged.get("lease", {}))
-    lease.resolved()
+    lease.timings()
     listeners = []
     for i, table in enumerate(merged.get("listeners", [])):
         use = table.get("use")
@@ -274,7 +285,3 @@ def _validate(config: Config) -> None:
         raise ConfigurationError(f"shutdown_timeout must be > 0, got {config.shutdown_timeout!r}")
     if config.identity is not None and "/" in config.identity:
         raise ConfigurationError(f"identity must not contain '/', got {config.identity!r}")
-    names = [lc.lease_name for lc in config.listeners]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ConfigurationError(f"listener names must be unique, repeated: {', '.join(dupes)}")

@@ -25,9 +25,8 @@ from typing import Any
 
 from loguru import logger as _default_logger
 
-from listeners._es_http import EsUnavailableError, Transport, error_text
+from listeners.elasticsearch.transport import EsUnavailableError, Transport, error_text
 from singleton.errors import SinkError
-from singleton.unsafe import fencing_disabled
 
 #: Item or request statuses worth retrying: overload, gateway trouble, unavailable shards.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -46,10 +45,12 @@ class BulkItem:
     origin: dict[str, Any] = field(default_factory=dict)
     _encoded: bytes = b""
 
-    def encoded(self) -> bytes:
+    def encoded(self, versioned: bool = True) -> bytes:
+        """The action line (and source line) of this item; ``versioned=False`` is the drill's
+        unsafe mode (last writer wins), never used by a fenced tenure."""
         if not self._encoded:
             meta: dict[str, dict[str, Any]] = {self.op: {"_index": self.index, "_id": self.doc_id}}
-            if not fencing_disabled():  # the drill's unsafe mode: last writer wins
+            if versioned:
                 meta[self.op].update(version=self.version, version_type="external")
             line = json.dumps(meta, separators=(",", ":")).encode() + b"\n"
             if self.op == "index":
@@ -103,8 +104,11 @@ class BulkWriter:
         backoff_max: float = 5.0,
         retry_timeout: float = 300.0,
         logger: Any = None,
+        versioned: bool = True,
     ) -> None:
         self.transport = transport
+        #: external versions on every action (False only in the drill's unfenced mode)
+        self.versioned = versioned
         self.on_dead = on_dead
         self.max_actions = max_actions
         self.max_bytes = max_bytes
@@ -160,7 +164,7 @@ class BulkWriter:
                 check()
 
     def _attempt(self, pending: list[BulkItem]) -> tuple[list[BulkItem], str]:
-        body = b"".join(item.encoded() for item in pending)
+        body = b"".join(item.encoded(self.versioned) for item in pending)
         self.stats.add(requests=1)
         try:
             status, resp = self.transport.request("POST", "/_bulk", body, ndjson=True)
@@ -228,7 +232,7 @@ class BulkSession:
         if not self._buf:
             self._first = time.monotonic()
         self._buf.append(item)
-        self._bytes += len(item.encoded())
+        self._bytes += len(item.encoded(self.w.versioned))
         if (
             len(self._buf) >= self.w.max_actions
             or self._bytes >= self.w.max_bytes

@@ -1,5 +1,5 @@
 """How a MongoDB document becomes an Elasticsearch document: its ``_id``, its JSON source and its
-index name. The listener and the verifier (:mod:`listeners._es_verify`) share these functions, so
+index name. The listener and the verifier (:mod:`.verify`) share these functions, so
 "the index equals the collection" is checked with exactly the mapping the listener applies.
 """
 

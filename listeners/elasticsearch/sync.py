@@ -2,7 +2,7 @@
 
 Failure model. Events may be delivered more than once (resumes, retried batches) and a deposed
 leader may still write for a while after its successor started. Every write therefore carries an
-external version derived from the event's oplog position (:mod:`listeners.versioning`), and
+external version derived from the event's oplog position (:mod:`.versioning`), and
 Elasticsearch refuses (409) anything not newer than what it holds: replays and late writes are
 harmless and the index never goes back in time. Inserts, replaces and updates index the *whole*
 document (``fullDocument``; the update API has no external versioning); an update whose lookup
@@ -36,13 +36,19 @@ from typing import Any, ClassVar
 from bson import json_util
 from bson.timestamp import Timestamp
 
-from listeners._es_bulk import BulkItem, BulkWriter, DeadLetter
-from listeners._es_deadletter import EsDeadLetters
-from listeners._es_docs import DEFAULT_INDEX_TEMPLATE, Transform, doc_id, index_name, source_of
-from listeners._es_http import Transport, error_text, make_transport, path_index
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext
 from listeners.deadletter import DeadLetterStore
-from listeners.versioning import EventVersioner, first_seq_at, timestamp_version
+from listeners.elasticsearch.bulk import BulkItem, BulkWriter, DeadLetter
+from listeners.elasticsearch.deadletters import EsDeadLetters
+from listeners.elasticsearch.documents import (
+    DEFAULT_INDEX_TEMPLATE,
+    Transform,
+    doc_id,
+    index_name,
+    source_of,
+)
+from listeners.elasticsearch.transport import Transport, error_text, make_transport, path_index
+from listeners.elasticsearch.versioning import EventVersioner, first_seq_at, timestamp_version
 from singleton.errors import ConfigurationError, SinkError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -196,6 +202,7 @@ class ElasticsearchSync(ChangeStreamListener):
                 backoff_max=self.backoff_max,
                 retry_timeout=self.retry_timeout,
                 logger=ctx.logger,
+                versioned=ctx.leadership.fenced,
             )
         client = ctx.client
         self._versioner = self._versioner or EventVersioner(lambda ts: first_seq_at(client, ts))
@@ -348,8 +355,8 @@ class ElasticsearchSync(ChangeStreamListener):
 
     # -- initial sync ---------------------------------------------------------------------------
     def initial_sync(self, ctx: ListenerContext) -> None:
-        """Copy the collection in ``_id`` order, resumably (see :mod:`listeners._es_copy`)."""
-        from listeners._es_copy import copy_collection
+        """Copy the collection in ``_id`` order, resumably (see :mod:`.copy`)."""
+        from listeners.elasticsearch.copy import copy_collection
 
         writer = self._setup(ctx)
         self.ensure_index(self.index_name, ctx)

@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from singleton.errors import SingletonError
 
 if TYPE_CHECKING:
-    from singleton.service import Replica
+    from singleton.service.replica import Replica
 
 #: runner.status() keys exported as metrics: key -> (metric name, help, counter?)
 RUNNER_METRICS = {

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from listeners.drill.faults import PLANNED, FaultRecord
-from listeners.drill.history import CheckpointSample
+from singleton.service.drill.faults import PLANNED, FaultRecord
+from singleton.service.drill.history import CheckpointSample
 
 WRITES = ("batch", "checkpoint")
 

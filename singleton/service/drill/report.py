@@ -232,7 +232,7 @@ def _svg(h: dict[str, Any]) -> str:
 
 
 def render(history: dict[str, Any]) -> str:
-    """The HTML page for a drill's ``history`` (see :mod:`listeners.drill.run`)."""
+    """The HTML page for a drill's ``history`` (see :mod:`singleton.service.drill.run`)."""
     r = history["result"]
     verdict = "PASS" if r["ok"] else "FAIL"
     colour = "#2e7d32" if r["ok"] else "#c62828"

@@ -4,9 +4,6 @@ Failure model: the replica may be SIGKILLed at any instant (safe by design: leas
 checkpoints refuse stale writers), or asked to stop with SIGTERM/SIGINT, in which case every
 leader drains, checkpoints and releases within ``shutdown_timeout`` so that a rolling deploy
 hands over in milliseconds instead of a lease TTL.
-
-``singleton`` does not import ``listeners``: the listener classes and the runner are resolved by
-name (``singleton.registry``) when the replica is built.
 """
 
 from __future__ import annotations
@@ -20,55 +17,45 @@ from typing import Any
 
 from loguru import logger
 
+from listeners.audit import AuditLog
+from listeners.base import ChangeStreamListener
+from listeners.checkpoint import CheckpointStore
+from listeners.runner import ListenerRunner
+from singleton import mongo
 from singleton.abc import LeaseBackend
-from singleton.config import Config, ListenerConfig
 from singleton.elector import Elector, default_identity
 from singleton.errors import ConfigurationError, SingletonError
-from singleton.registry import RUNNER, resolve
-
-#: listener option -> service setting, filled in when the class accepts it and the table omits it
-SERVICE_OPTIONS = {"es": "es_url", "api_key": "es_api_key", "ca_certs": "es_ca_certs"}
+from singleton.service.config import Config, ListenerConfig, TestSwitches
+from singleton.service.registry import listener_kind, make_backend, make_checkpoint_store
 
 
-def make_backend(config: Config) -> LeaseBackend:
-    """The lease backend named by ``config.backend`` (the replica owns it)."""
-    if config.backend == "redis":
-        from singleton.backends.redis import RedisLeaseBackend
-
-        return RedisLeaseBackend(config.redis_url, namespace=config.namespace)
-    if config.backend == "mongo":
-        from singleton.backends.mongo import MongoLeaseBackend
-
-        return MongoLeaseBackend(config.mongo_url, database=config.namespace)
-    raise ConfigurationError(f"backend must be redis or mongo, got {config.backend!r}")
-
-
-def make_checkpoint_store(config: Config, mongo_client: Any) -> Any:
-    if config.checkpoint_store == "redis":
-        cls = resolve("listeners.checkpoint:RedisCheckpointStore", {}, "checkpoint store")
-        return cls(config.redis_url, namespace=config.namespace)
-    cls = resolve("listeners.checkpoint:MongoCheckpointStore", {}, "checkpoint store")
-    return cls(mongo_client, database=config.namespace)
-
-
-def build_listener(lc: ListenerConfig, config: Config) -> Any:
+def build_listener(lc: ListenerConfig, config: Config) -> ChangeStreamListener:
     """Instantiate a ``[[listeners]]`` table: every key but ``use`` is a keyword argument;
-    service-wide settings (Elasticsearch URL and credentials, lease ttl) fill in what the class
-    accepts and the table did not set."""
-    cls = resolve(lc.use)
+    the service settings its kind declares (Elasticsearch URL and credentials, lease ttl) fill
+    in what the table did not set."""
+    kind = listener_kind(lc.use)
     options = dict(lc.options)
-    accepted: frozenset[str] = getattr(cls, "extra_options", frozenset())
-    for option, key in SERVICE_OPTIONS.items():
-        if option in accepted and option not in options and getattr(config, key) is not None:
-            options[option] = getattr(config, key)
-    if "ttl" in accepted and "ttl" not in options:  # sizes index.gc_deletes from the lease
-        options["ttl"] = config.lease.ttl
+    for option, key in kind.service_options.items():
+        table, _, sub = key.partition(".")
+        value = getattr(getattr(config, table), sub) if sub else getattr(config, key)
+        if option not in options and value is not None:
+            options[option] = value
     try:
-        return cls(**options)
+        return kind.cls(**options)
     except SingletonError:
         raise
     except TypeError as exc:
         raise ConfigurationError(f"listener {lc.use!r}: {exc}") from exc
+
+
+def build_listeners(config: Config) -> list[ChangeStreamListener]:
+    """Every configured listener; their lease names must be unique."""
+    built = [build_listener(lc, config) for lc in config.listeners]
+    names = [listener.lease_name for listener in built]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigurationError(f"listener names must be unique, repeated: {', '.join(dupes)}")
+    return built
 
 
 @dataclass
@@ -77,15 +64,21 @@ class Hosted:
 
     name: str
     elector: Elector
-    runner: Any
-    listener: Any
+    runner: ListenerRunner
+    listener: ChangeStreamListener
 
 
 class Replica:
     """Hosts every configured listener; ``start()``, then ``stop()`` (or ``run()`` for both
     with signal handling)."""
 
-    def __init__(self, config: Config, *, backend: LeaseBackend | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        backend: LeaseBackend | None = None,
+        switches: TestSwitches | None = None,
+    ) -> None:
         if not config.listeners:
             raise ConfigurationError("no listeners configured: add a [[listeners]] table")
         self.config = config
@@ -95,35 +88,36 @@ class Replica:
         self._stop = threading.Event()
         self.started_at: float | None = None
         self.hosted: list[Hosted] = []
+        self.switches = switches or TestSwitches()
         self.mongo: Any = None
-        self.checkpoints: Any = None
-        self._listeners = [build_listener(lc, config) for lc in config.listeners]
+        self.checkpoints: CheckpointStore | None = None
+        self._audit: AuditLog | None = None
+        self._listeners = build_listeners(config)
 
     def start(self) -> Replica:
-        import pymongo
-
-        self.mongo = pymongo.MongoClient(
+        unsafe = self.switches.unsafe_disable_fencing
+        self.mongo, _ = mongo.client(
             self.config.mongo_url,
-            serverSelectionTimeoutMS=5000,
-            connectTimeoutMS=3000,
-            socketTimeoutMS=max(5000, int(self.config.lease.ttl * 1000)),
+            timeout=3.0,
+            socket_timeout=max(5.0, self.config.lease.ttl),
         )
-        self.checkpoints = make_checkpoint_store(self.config, self.mongo)
-        runner_cls = resolve(RUNNER, {}, "runner")
-        lease = self.config.lease.resolved()
+        self.checkpoints = make_checkpoint_store(
+            self.config, self.mongo, unsafe_disable_fencing=unsafe
+        )
+        if self.switches.audit_file:
+            self._audit = AuditLog(self.switches.audit_file, self.identity)
+        timings = self.config.lease.timings()
         for listener in self._listeners:
             elector = Elector(
                 self.backend,
                 listener.lease_name,
                 identity=self.identity,
-                ttl=lease.ttl,
-                renew_interval=lease.renew_interval,
-                renew_deadline=lease.renew_deadline,
-                retry_interval=lease.retry_interval,
-                max_tenure=lease.max_tenure,
-                cooldown=lease.cooldown,
+                timings=timings,
+                unsafe_disable_fencing=unsafe,
             )
-            runner = runner_cls(listener, elector, self.mongo, checkpoints=self.checkpoints)
+            runner = ListenerRunner(
+                listener, elector, self.mongo, checkpoints=self.checkpoints, audit=self._audit
+            )
             self.hosted.append(Hosted(listener.lease_name, elector, runner, listener))
         for h in self.hosted:
             h.runner.start()
@@ -162,6 +156,8 @@ class Replica:
             self.checkpoints.close()
         if self.mongo is not None:
             self.mongo.close()
+        if self._audit is not None:
+            self._audit.close()
         if self._own_backend:
             self.backend.close()
         logger.info("replica {} stopped in {:.3f}s", self.identity, time.monotonic() - t0)
@@ -203,8 +199,6 @@ class Replica:
                 "token": None if ld is None else ld.token,
                 "valid_for": None if ld is None else round(ld.remaining(), 3),
             }
-            runner_status = getattr(h.runner, "status", None)
-            if callable(runner_status):
-                entry["runner"] = runner_status()
+            entry["runner"] = h.runner.status()
             out.append(entry)
         return {"identity": self.identity, "listeners": out}

@@ -2,9 +2,9 @@
 
 N ``singleton run`` replicas mirror a collection into Elasticsearch with ElasticsearchSync while a
 writer inserts, updates, replaces, deletes and commits transactions. Faults from a seeded
-schedule hit whoever leads (:mod:`listeners.drill.faults`); after the last one the drill waits
-for quiescence and judges (:mod:`listeners.drill.verdict`). Exit 0 only if every invariant holds,
-1 if one does not, 2 on bad arguments.
+schedule hit whoever leads (:mod:`.faults`); after the last one the drill waits for quiescence
+and judges (:mod:`.verdict`). Exit 0 only if every invariant holds, 1 if one does not, 2 on bad
+arguments.
 
     singleton drill --rounds 20 --faults kill,stop,term,rotate --json --report drill.html
 """
@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from listeners.drill.cluster import Timings
-from listeners.drill.faults import KINDS, parse_kinds
-from listeners.drill.run import Drill, DrillOptions
 from singleton.errors import ConfigurationError, SingletonError
+from singleton.service.drill.cluster import Timings
+from singleton.service.drill.faults import KINDS, parse_kinds
+from singleton.service.drill.run import Drill, DrillOptions
 
 __all__ = ["Drill", "DrillOptions", "main"]
 
@@ -117,7 +117,7 @@ def format_summary(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from singleton.logs import setup_logging
+    from singleton.service.logs import setup_logging
 
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     try:
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
     if args.report:
-        from listeners.drill.report import render
+        from singleton.service.drill.report import render
 
         Path(args.report).write_text(render(drill.history))
         say(f"  report: {args.report}")

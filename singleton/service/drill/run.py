@@ -22,11 +22,18 @@ from typing import Any
 
 from loguru import logger
 
-from listeners._cluster import Writer
-from listeners.drill import faults as fl
-from listeners.drill.cluster import COLLECTION, DATABASE, INDEX, LEASE, DrillCluster, Timings
-from listeners.drill.history import AuditTail, Sampler
-from listeners.drill.verdict import (
+from singleton.service.cluster import Writer
+from singleton.service.drill import faults as fl
+from singleton.service.drill.cluster import (
+    COLLECTION,
+    DATABASE,
+    INDEX,
+    LEASE,
+    DrillCluster,
+    Timings,
+)
+from singleton.service.drill.history import AuditTail, Sampler
+from singleton.service.drill.verdict import (
     Verdict,
     checkpoint_regressions,
     fencing_violations,
@@ -35,7 +42,7 @@ from listeners.drill.verdict import (
     takeover_gaps,
     write_lag,
 )
-from singleton.service import make_backend
+from singleton.service.registry import make_backend
 
 SCHEMA_VERSION = 1
 
@@ -130,7 +137,7 @@ class Drill:
     def _run(self) -> dict[str, Any]:
         import pymongo
 
-        from listeners._es_verify import compare
+        from listeners.elasticsearch.verify import compare
 
         opts, c = self.opts, self.cluster
         self._save_schedule()

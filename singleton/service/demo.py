@@ -23,12 +23,12 @@ from typing import Any
 
 from loguru import logger
 
-from listeners._cluster import ReplicaProcess, Writer, es_listener_toml
-from singleton.config import load_config
-from singleton.embedded import ElasticServer, MongoServer, RedisServer, wait_until
 from singleton.errors import SingletonError
-from singleton.logs import setup_logging
-from singleton.service import make_backend
+from singleton.service.cluster import ReplicaProcess, Writer, es_listener_toml
+from singleton.service.config import load_config
+from singleton.service.embedded import ElasticServer, MongoServer, RedisServer, wait_until
+from singleton.service.logs import setup_logging
+from singleton.service.registry import make_backend
 
 DATABASE, COLLECTION, INDEX, LEASE = "demo", "orders", "demo-orders", "orders-to-es"
 
@@ -66,7 +66,7 @@ def run_demo(
     """Run the demo; return 0 if the index equals the collection at the end."""
     import pymongo
 
-    from listeners._es_verify import compare
+    from listeners.elasticsearch.verify import compare
 
     if duration < 15:
         raise SingletonError(f"--duration must be at least 15 seconds, got {duration!r}")
@@ -111,7 +111,7 @@ def run_demo(
             argv = [
                 sys.executable,
                 "-m",
-                "singleton.cli",
+                "singleton.service.cli",
                 "run",
                 "--config",
                 str(config_path),

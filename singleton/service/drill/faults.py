@@ -17,8 +17,8 @@ from typing import Any
 
 from loguru import logger
 
-from listeners.drill.cluster import DrillCluster
 from singleton.errors import ConfigurationError
+from singleton.service.drill.cluster import DrillCluster
 
 #: kind -> share of the default mix (``make drill``: 100 rounds -> 30 stops)
 DEFAULT_MIX: dict[str, float] = {

@@ -1,0 +1,21 @@
+"""Keep an Elasticsearch (or OpenSearch) index equal to a MongoDB collection.
+
+One package, one sink:
+
+* :mod:`.sync` - :class:`ElasticsearchSync`, the listener users configure;
+* :mod:`.bulk` - the bulk writer (per-item results, retries, dead letters);
+* :mod:`.transport` - HTTP to the cluster (plain ``application/json``, works with ES 7-9 and
+  OpenSearch);
+* :mod:`.documents` - BSON document -> index id and JSON source;
+* :mod:`.versioning` - external versions derived from the oplog position;
+* :mod:`.copy` - the resumable initial copy;
+* :mod:`.verify` - compare a collection with its index (the drill and the demo use it);
+* :mod:`.deadletters` - bulk rejections -> the listener's dead-letter store.
+"""
+
+from __future__ import annotations
+
+from listeners.elasticsearch.sync import ElasticsearchSync
+from listeners.elasticsearch.verify import Diff, compare, es_documents
+
+__all__ = ["Diff", "ElasticsearchSync", "compare", "es_documents"]

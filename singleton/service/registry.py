@@ -1,0 +1,122 @@
+"""What the service can build, by name: lease backends, checkpoint stores, listeners.
+
+The one module that names the core's backends and the listeners' classes together (the layers
+below never import the service). Adding a lease backend is one entry in :data:`BACKENDS`; adding
+a sink is one entry in :data:`LISTENERS`. Names resolve kombu-style: an alias, or
+``"pkg.module:Attr"`` for a user's own class, with "did you mean" on a near miss.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from listeners.base import ChangeStreamListener
+from listeners.checkpoint import CheckpointStore, MongoCheckpointStore, RedisCheckpointStore
+from listeners.elasticsearch import ElasticsearchSync
+from listeners.logging import LoggingListener
+from singleton.abc import LeaseBackend
+from singleton.backends.mongo import MongoLeaseBackend
+from singleton.backends.redis import RedisLeaseBackend
+from singleton.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from singleton.service.config import Config
+
+
+@dataclass(frozen=True)
+class ListenerKind:
+    """A listener class and the service settings it takes when its table does not set them
+    (listener option -> ``Config`` attribute, or ``"lease.ttl"``)."""
+
+    cls: type[ChangeStreamListener]
+    service_options: Mapping[str, str] = field(default_factory=dict)
+
+
+#: alias -> listener kind
+LISTENERS: dict[str, ListenerKind] = {
+    "elasticsearch": ListenerKind(
+        ElasticsearchSync,
+        # ttl sizes the index's gc_deletes from the lease, so a deposed leader's late delete is
+        # still remembered when it arrives.
+        {"es": "es_url", "api_key": "es_api_key", "ca_certs": "es_ca_certs", "ttl": "lease.ttl"},
+    ),
+    "logging": ListenerKind(LoggingListener),
+}
+
+#: backend name -> ``factory(url, namespace)``
+BACKENDS: dict[str, tuple[str, Callable[[str, str], LeaseBackend]]] = {
+    "redis": ("redis_url", lambda url, ns: RedisLeaseBackend(url, namespace=ns)),
+    "mongo": ("mongo_url", lambda url, ns: MongoLeaseBackend(url, database=ns)),
+}
+
+
+def make_backend(config: Config) -> LeaseBackend:
+    """The lease backend named by ``config.backend`` (the caller owns it)."""
+    try:
+        url_key, factory = BACKENDS[config.backend]
+    except KeyError:
+        raise ConfigurationError(
+            f"backend must be one of {', '.join(BACKENDS)}, got {config.backend!r}"
+        ) from None
+    return factory(getattr(config, url_key), config.namespace)
+
+
+def make_checkpoint_store(
+    config: Config, mongo_client: Any, *, unsafe_disable_fencing: bool = False
+) -> CheckpointStore:
+    """The checkpoint store named by ``config.checkpoint_store`` (the caller owns it; a Mongo
+    store shares ``mongo_client``, which stays the caller's)."""
+    if config.checkpoint_store == "redis":
+        return RedisCheckpointStore(
+            config.redis_url,
+            namespace=config.namespace,
+            unsafe_disable_fencing=unsafe_disable_fencing,
+        )
+    return MongoCheckpointStore(
+        mongo_client, database=config.namespace, unsafe_disable_fencing=unsafe_disable_fencing
+    )
+
+
+def resolve(spec: str, aliases: Mapping[str, Any], what: str) -> Any:
+    """An alias, or ``"pkg.module:Attr"`` -> the object it names."""
+    if spec in aliases:
+        return aliases[spec]
+    if ":" not in spec:
+        near = difflib.get_close_matches(spec, list(aliases), n=1, cutoff=0.5)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        known = ", ".join(sorted(aliases))
+        raise ConfigurationError(
+            f"unknown {what} {spec!r}: use an alias ({known}) or 'pkg.module:Class'{hint}"
+        )
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {what} {spec!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        near = difflib.get_close_matches(attr, dir(module), n=1)
+        hint = f"; did you mean {module_name}:{near[0]}?" if near else ""
+        raise ConfigurationError(
+            f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}{hint}"
+        ) from None
+
+
+def listener_kind(spec: str) -> ListenerKind:
+    """The :class:`ListenerKind` for an alias or a user's ``"pkg.module:Class"``."""
+    found = resolve(spec, LISTENERS, "listener")
+    if isinstance(found, ListenerKind):
+        return found
+    for kind in LISTENERS.values():  # "listeners.elasticsearch:ElasticsearchSync" by path
+        if kind.cls is found:
+            return kind
+    if not (isinstance(found, type) and issubclass(found, ChangeStreamListener)):
+        raise ConfigurationError(
+            f"listener {spec!r} is {found!r}, not a subclass of listeners.ChangeStreamListener"
+        )
+    return ListenerKind(found)
