@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -48,6 +47,7 @@ from singleton.errors import (
     ConfigurationError,
     PermissionDeniedError,
 )
+from singleton.redact import redact
 
 # KEYS[1] lease key, KEYS[2] fencing counter key
 # ARGV[1] holder, ARGV[2] ttl in milliseconds
@@ -124,16 +124,27 @@ _UNAVAILABLE = (rex.ConnectionError, rex.TimeoutError, rex.BusyLoadingError, rex
 _PERMISSION_PREFIXES = ("NOAUTH", "WRONGPASS", "NOPERM")
 
 
-def redact(url: str) -> str:
-    """The URL with its password (userinfo or ``?password=``) replaced by ``***``."""
-    url = re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
-    match = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)([^/?#]*)@", url)
-    if match is None:
-        return url
-    user, colon, _ = match.group(2).partition(":")
-    # A userinfo without ':' may well be a bare password: hide it too.
-    userinfo = f"{user}:***" if colon else "***"
-    return f"{match.group(1)}{userinfo}@{url[match.end() :]}"
+@contextlib.contextmanager
+def translate(what: str) -> Iterator[None]:
+    """Turn every redis-py error raised inside the block into a :class:`SingletonError`:
+    refused credentials or ACLs (``NOAUTH``, ``WRONGPASS``, ``NOPERM``) ->
+    :class:`PermissionDeniedError`; unreachable, timed out, loading or read-only (a replica that
+    has not been promoted yet) -> :class:`BackendUnavailableError`; anything else ->
+    :class:`BackendError`. Used by the lease backend and the Redis checkpoint store alike."""
+    try:
+        yield
+    except _PERMISSION as exc:
+        raise PermissionDeniedError(f"{what}: permission denied: {redact(str(exc))}") from exc
+    except _UNAVAILABLE as exc:
+        raise BackendUnavailableError(f"{what}: {type(exc).__name__}: {redact(str(exc))}") from exc
+    except rex.ResponseError as exc:
+        if str(exc).upper().startswith(_PERMISSION_PREFIXES):
+            raise PermissionDeniedError(f"{what}: permission denied: {exc}") from exc
+        raise BackendError(f"{what}: {redact(str(exc))}") from exc
+    except rex.RedisError as exc:
+        raise BackendError(f"{what}: {type(exc).__name__}: {redact(str(exc))}") from exc
+    except OSError as exc:
+        raise BackendUnavailableError(f"{what}: {exc}") from exc
 
 
 def _ms(ttl: float) -> int:
@@ -338,23 +349,8 @@ class RedisLeaseBackend(LeaseBackend):
                 self._notifier.notify(_text(message["data"]))
 
     # -- helpers ---------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _translate(self, op: str, name: str) -> Iterator[None]:
-        where = f"redis {op} of lease {name!r} on {self._url}"
-        try:
-            yield
-        except _PERMISSION as exc:
-            raise PermissionDeniedError(f"{where}: permission denied: {exc}") from exc
-        except _UNAVAILABLE as exc:
-            raise BackendUnavailableError(f"{where}: {type(exc).__name__}: {exc}") from exc
-        except rex.ResponseError as exc:
-            if str(exc).upper().startswith(_PERMISSION_PREFIXES):
-                raise PermissionDeniedError(f"{where}: permission denied: {exc}") from exc
-            raise BackendError(f"{where}: {exc}") from exc
-        except rex.RedisError as exc:
-            raise BackendError(f"{where}: {type(exc).__name__}: {exc}") from exc
-        except OSError as exc:
-            raise BackendUnavailableError(f"{where}: {exc}") from exc
+    def _translate(self, op: str, name: str) -> contextlib.AbstractContextManager[None]:
+        return translate(f"redis {op} of lease {name!r} on {self._url}")
 
     def _key(self, name: str) -> str:
         return f"{self.namespace}:lease:{name}"
