@@ -35,7 +35,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 pytest: $(STAMP) sysdeps
-	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
 
 test: sysdeps $(STAMP) lint typecheck pytest
 

@@ -10,9 +10,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -22,7 +20,7 @@ from typing import Any
 import pymongo
 
 from singleton.backends.redis import RedisLeaseBackend
-from singleton.service.cluster import ReplicaProcess
+from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
 from singleton.service.embedded import ElasticServer, MongoServer, RedisServer, wait_until
 
 LEASE = "bench-orders"
@@ -74,20 +72,11 @@ collection = "orders"
 index = "bench-orders"
 """
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SINGLETON_")}
+    env = child_environment()
     procs = {
         f"r{i}": ReplicaProcess(
             f"r{i}",
-            [
-                sys.executable,
-                "-m",
-                "singleton.service.cli",
-                "run",
-                "--config",
-                str(config),
-                "--identity",
-                f"r{i}",
-            ],
+            singleton_command("run", "--config", str(config), "--identity", f"r{i}"),
             root / f"r{i}.log",
             env,
         )

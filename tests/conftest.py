@@ -4,7 +4,7 @@ fixture parametrized over every lease backend (APScheduler's conftest pattern)."
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -12,8 +12,6 @@ import pytest
 from singleton.abc import LeaseBackend
 from singleton.service.embedded import ElasticServer, MongoServer, RedisServer
 from singleton.testing import MemoryLeaseBackend
-
-BACKENDS = ["memory", "fakeredis", "redis", "mongo"]
 
 
 @pytest.fixture(scope="session")
@@ -67,31 +65,43 @@ def unique() -> str:
     return uuid.uuid4().hex[:12]
 
 
+def _fakeredis(request: pytest.FixtureRequest, unique: str) -> LeaseBackend:
+    import fakeredis
+
+    from singleton.backends.redis import RedisLeaseBackend
+
+    # FakeRedis() instances do not share data: one FakeServer per test plays the server.
+    server = getattr(request.node, "_singleton_fakeredis", None)
+    if server is None:
+        server = fakeredis.FakeServer()
+        request.node._singleton_fakeredis = server
+    return RedisLeaseBackend(fakeredis.FakeRedis(server=server), namespace=f"t{unique}")
+
+
+def _redis(request: pytest.FixtureRequest, unique: str) -> LeaseBackend:
+    from singleton.backends.redis import RedisLeaseBackend
+
+    return RedisLeaseBackend(request.getfixturevalue("redis_url"), namespace=f"t{unique}")
+
+
+def _mongo(request: pytest.FixtureRequest, unique: str) -> LeaseBackend:
+    from singleton.backends.mongo import MongoLeaseBackend
+
+    return MongoLeaseBackend(request.getfixturevalue("mongo_url"), database=f"t{unique}")
+
+
+#: Every lease backend the contract suite runs against: adding a backend is one entry here.
+BACKEND_FACTORIES: dict[str, Callable[[pytest.FixtureRequest, str], LeaseBackend]] = {
+    "memory": lambda request, unique: MemoryLeaseBackend(),
+    "fakeredis": _fakeredis,
+    "redis": _redis,
+    "mongo": _mongo,
+}
+BACKENDS = list(BACKEND_FACTORIES)
+
+
 def make_backend(kind: str, request: pytest.FixtureRequest, unique: str) -> LeaseBackend:
-    if kind == "memory":
-        return MemoryLeaseBackend()
-    if kind == "fakeredis":
-        import fakeredis
-
-        from singleton.backends.redis import RedisLeaseBackend
-
-        # FakeRedis() instances do not share data: one FakeServer per test plays the server.
-        server = getattr(request.node, "_singleton_fakeredis", None)
-        if server is None:
-            server = fakeredis.FakeServer()
-            request.node._singleton_fakeredis = server
-        return RedisLeaseBackend(fakeredis.FakeRedis(server=server), namespace=f"t{unique}")
-    if kind == "redis":
-        from singleton.backends.redis import RedisLeaseBackend
-
-        url = request.getfixturevalue("redis_url")
-        return RedisLeaseBackend(url, namespace=f"t{unique}")
-    if kind == "mongo":
-        from singleton.backends.mongo import MongoLeaseBackend
-
-        url = request.getfixturevalue("mongo_url")
-        return MongoLeaseBackend(url, database=f"t{unique}")
-    raise ValueError(kind)
+    return BACKEND_FACTORIES[kind](request, unique)
 
 
 @pytest.fixture(params=BACKENDS)

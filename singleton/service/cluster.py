@@ -15,11 +15,23 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+
+def singleton_command(*args: str) -> list[str]:
+    """argv for ``singleton ARGS...`` with this interpreter (works without the console script)."""
+    return [sys.executable, "-m", "singleton.service.cli", *args]
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment without ``SINGLETON_*`` variables: a child replica is
+    configured by its own flags and file, never by what leaked from the caller's shell."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SINGLETON_")}
 
 
 @dataclass

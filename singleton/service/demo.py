@@ -11,9 +11,7 @@ only if the index equals the collection, every id and every field.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -24,7 +22,13 @@ from typing import Any
 from loguru import logger
 
 from singleton.errors import SingletonError
-from singleton.service.cluster import ReplicaProcess, Writer, es_listener_toml
+from singleton.service.cluster import (
+    ReplicaProcess,
+    Writer,
+    child_environment,
+    es_listener_toml,
+    singleton_command,
+)
 from singleton.service.config import load_config
 from singleton.service.embedded import ElasticServer, MongoServer, RedisServer, wait_until
 from singleton.service.logs import setup_logging
@@ -105,19 +109,10 @@ def run_demo(
         coll.insert_many(
             [{"_id": i, "sku": f"seed-{i}", "qty": i % 7, "v": 0} for i in range(1, 201)]
         )
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SINGLETON_")}
+        env = child_environment()
         for i in range(1, replicas + 1):
             identity = f"replica-{i}"
-            argv = [
-                sys.executable,
-                "-m",
-                "singleton.service.cli",
-                "run",
-                "--config",
-                str(config_path),
-                "--identity",
-                identity,
-            ]
+            argv = singleton_command("run", "--config", str(config_path), "--identity", identity)
             procs.append(ReplicaProcess(identity, argv, root / f"{identity}.log", env))
         for p in procs:
             p.start()

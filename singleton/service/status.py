@@ -1,97 +1,150 @@
 """``singleton status``: who leads each lease and where each checkpoint stands, read straight
-from the stores, so it works from any machine that can reach them."""
+from the stores, so it works from any machine that can reach them.
+
+Every lease and every checkpoint is read in parallel, and the whole command answers within one
+``timeout`` however many listeners there are and however frozen a store is: what did not answer
+in time is reported as an error for that name. A checkpoint's age is measured on the MongoDB
+deployment's own cluster time (now, as the server sees it, minus the checkpoint's cluster time),
+never on this machine's clock.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
+from singleton import mongo
+from singleton.abc import LeaseBackend
 from singleton.errors import SingletonError
 from singleton.redact import redact
 from singleton.service.config import Config
+from singleton.service.registry import make_backend, make_checkpoint_store
+from singleton.service.replica import build_listeners
+
+#: Seconds the whole command may take.
+DEFAULT_TIMEOUT = 5.0
 
 
-def _cluster_time_seconds(ts: Any) -> float | None:
-    return None if ts is None else float(getattr(ts, "time", ts))
+def _lease_entry(backend: LeaseBackend, name: str) -> dict[str, Any]:
+    state = backend.inspect(name)
+    return {
+        "name": name,
+        "holder": None if state is None else state.holder,
+        "identity": None if state is None else state.identity,
+        "token": None if state is None else state.token,
+        "ttl_remaining": None if state is None else round(state.ttl_remaining, 3),
+    }
 
 
-def cluster_status(config: Config, extra_leases: list[str] | None = None) -> dict[str, Any]:
-    """``{"leases": [...], "checkpoints": [...]}`` for every configured listener."""
-    from singleton.service.registry import make_backend, make_checkpoint_store
-    from singleton.service.replica import build_listeners
+def _checkpoint_entry(store: Any, name: str, now: float | None) -> dict[str, Any]:
+    cp = store.load(name)
+    seconds = None if cp is None else float(cp.cluster_time.time)
+    age = None if seconds is None or now is None else round(max(0.0, now - seconds), 3)
+    return {
+        "name": name,
+        "cluster_time": seconds,
+        "age_seconds": age,
+        "fencing_token": None if cp is None else cp.fencing_token,
+        "holder": None if cp is None else cp.holder,
+    }
 
+
+def cluster_status(
+    config: Config, extra_leases: list[str] | None = None, *, timeout: float = DEFAULT_TIMEOUT
+) -> dict[str, Any]:
+    """``{"leases": [...], "checkpoints": [...], "errors": [...]}`` for every configured
+    listener (and ``extra_leases``), read in parallel within ``timeout`` seconds in all."""
     listener_names = [listener.lease_name for listener in build_listeners(config)]
     names = listener_names + list(extra_leases or [])
-    leases: list[dict[str, Any]] = []
-    checkpoints: list[dict[str, Any]] = []
-    errors: list[str] = []
     backend = make_backend(config)
+    client, _ = mongo.client(config.mongo_url, timeout=timeout, socket_timeout=timeout)
+    store = make_checkpoint_store(config, client) if listener_names else None
+    pool = ThreadPoolExecutor(max_workers=min(16, 2 + 2 * len(names)))
     try:
-        for name in names:
-            try:
-                state = backend.inspect(name)
-            except SingletonError as exc:
-                errors.append(f"lease {name}: {redact(str(exc))}")
-                continue
-            leases.append(
-                {
-                    "name": name,
-                    "holder": None if state is None else state.holder,
-                    "identity": None if state is None else state.identity,
-                    "token": None if state is None else state.token,
-                    "ttl_remaining": None if state is None else round(state.ttl_remaining, 3),
-                }
-            )
+        now_future = pool.submit(lambda: float(mongo.cluster_time(client).time))
+        leases = {name: pool.submit(_lease_entry, backend, name) for name in names}
+        first: list[Future[Any]] = [now_future, *leases.values()]
+        done, _ = wait(first, timeout=timeout)
+        now = now_future.result() if now_future in done and not now_future.exception() else None
+        checkpoints: dict[str, Future[dict[str, Any]]] = {}
+        if store is not None:
+            checkpoints = {n: pool.submit(_checkpoint_entry, store, n, now) for n in listener_names}
+            wait(checkpoints.values(), timeout=timeout)
+        errors: list[str] = []
+        return {
+            "leases": _collect("lease", leases, errors),
+            "checkpoints": _collect("checkpoint", checkpoints, errors),
+            "errors": errors,
+        }
     finally:
-        backend.close()
-    if config.listeners:
-        import pymongo
+        pool.shutdown(wait=False, cancel_futures=True)
+        # A frozen store must not hold the answer back: close in the background (daemon).
+        threading.Thread(target=_close, args=(backend, client, store), daemon=True).start()
 
-        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
-            config.mongo_url, serverSelectionTimeoutMS=3000
-        )
-        try:
-            store = make_checkpoint_store(config, client)
-            now = dt.datetime.now(dt.timezone.utc).timestamp()
-            for name in listener_names:
-                try:
-                    cp = store.load(name)
-                except SingletonError as exc:
-                    errors.append(f"checkpoint {name}: {redact(str(exc))}")
-                    continue
-                seconds = None if cp is None else _cluster_time_seconds(cp.cluster_time)
-                checkpoints.append(
-                    {
-                        "name": name,
-                        "cluster_time": seconds,
-                        "age_seconds": None if seconds is None else round(now - seconds, 3),
-                        "fencing_token": None if cp is None else cp.fencing_token,
-                        "holder": None if cp is None else cp.holder,
-                    }
-                )
-        finally:
-            client.close()
-    return {"leases": leases, "checkpoints": checkpoints, "errors": errors}
+
+def _close(*resources: Any) -> None:
+    for resource in resources:
+        if resource is not None:
+            with contextlib.suppress(Exception):
+                resource.close()
+
+
+def _collect(
+    what: str, futures: dict[str, Future[dict[str, Any]]], errors: list[str]
+) -> list[dict[str, Any]]:
+    out = []
+    for name, future in futures.items():
+        if not future.done():
+            errors.append(f"{what} {name}: no answer in time")
+            continue
+        exc = future.exception()
+        if isinstance(exc, SingletonError):
+            errors.append(f"{what} {name}: {redact(str(exc))}")
+        elif exc is not None:
+            errors.append(f"{what} {name}: {type(exc).__name__}: {redact(str(exc))}")
+        else:
+            out.append(future.result())
+    return out
+
+
+def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return [line(headers), *(line(r) for r in rows)]
 
 
 def format_status(status: dict[str, Any]) -> str:
-    lines = ["LEASE                          HOLDER                         TOKEN   TTL LEFT"]
+    lease_rows = []
     for lease in status["leases"]:
         left = lease["ttl_remaining"]
-        left_text = "-" if left is None else f"{left:.2f}s"
-        lines.append(
-            f"{lease['name']:<30} {lease['holder'] or '-':<30} {lease['token'] or '-':>5} "
-            f"{left_text:>10}"
+        lease_rows.append(
+            [
+                lease["name"],
+                lease["holder"] or "-",
+                "-" if lease["token"] is None else str(lease["token"]),
+                "-" if left is None else f"{left:.2f}s",
+            ]
         )
-    lines.append("")
-    lines.append("CHECKPOINT                     CLUSTER TIME           AGE      TOKEN")
+    cp_rows = []
     for cp in status["checkpoints"]:
         when = "-"
         if cp["cluster_time"] is not None:
             stamp = dt.datetime.fromtimestamp(cp["cluster_time"], dt.timezone.utc)
             when = stamp.strftime("%Y-%m-%d %H:%M:%S")
         age = "-" if cp["age_seconds"] is None else f"{cp['age_seconds']:.1f}s"
-        lines.append(f"{cp['name']:<30} {when:<22} {age:>8} {cp['fencing_token'] or '-':>6}")
-    for err in status.get("errors", []):
-        lines.append(f"error: {err}")
+        token = "-" if cp["fencing_token"] is None else str(cp["fencing_token"])
+        cp_rows.append([cp["name"], when, age, token])
+    lines = _table(["LEASE", "HOLDER", "TOKEN", "TTL LEFT"], lease_rows, {2, 3})
+    lines.append("")
+    lines += _table(["CHECKPOINT", "CLUSTER TIME (UTC)", "AGE", "TOKEN"], cp_rows, {2, 3})
+    lines += [f"error: {err}" for err in status.get("errors", [])]
     return "\n".join(lines)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
+
+from singleton.service.cluster import child_environment, singleton_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,7 +21,7 @@ class ReplicaProc:
         self.identity = identity
         self.args = args
         self.log_path = log_dir / f"{identity}.log"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SINGLETON_")}
+        self.env = child_environment()
         self.env.update(env or {})
         self.env["SINGLETON_IDENTITY"] = identity
         self.proc: subprocess.Popen[bytes] | None = None
@@ -27,7 +29,7 @@ class ReplicaProc:
     def start(self) -> ReplicaProc:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "singleton.service.cli", "run", *self.args],
+                singleton_command("run", *self.args),
                 cwd=ROOT,
                 env=self.env,
                 stdout=log,
@@ -59,19 +61,23 @@ class ReplicaProc:
             self.proc.wait(5)
 
 
-def status_json(args: list[str]) -> dict[str, object]:
-    import json
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SINGLETON_")}
-    out = subprocess.run(
-        [sys.executable, "-m", "singleton.service.cli", "status", "--json", *args],
-        cwd=ROOT,
-        env=env,
+def run_singleton(
+    *args: str, timeout: float = 60, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """``singleton ARGS...`` as a child process, without the caller's ``SINGLETON_*`` variables."""
+    return subprocess.run(
+        singleton_command(*args),
+        cwd=cwd,
+        env=child_environment(),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
+
+
+def status_json(args: list[str]) -> dict[str, object]:
+    out = run_singleton("status", "--json", *args)
     assert out.returncode == 0, out.stderr
     result: dict[str, object] = json.loads(out.stdout)
     return result

@@ -2,34 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.integration.cluster import run_singleton
 
 
 def test_demo_passes(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SINGLETON_")}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "singleton.service.cli",
-            "demo",
-            "--duration",
-            "30",
-            "--workdir",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    result = run_singleton("demo", "--duration", "30", "--workdir", str(tmp_path), timeout=240)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert "verdict: PASS" in out, out

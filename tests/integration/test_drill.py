@@ -7,14 +7,13 @@ switched off (the test-only switch) must fail its verdict: the drill catches wha
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from singleton.service.drill.cluster import have_faketime
+from tests.integration.cluster import run_singleton
 
 ROUNDS = 20
 #: Short leases keep the suite fast; users' default is 2.5 s (`make drill`).
@@ -22,13 +21,7 @@ TTL = "1.5"
 
 
 def drill(tmp_path: Path, *args: str, timeout: float = 200) -> tuple[int, dict[str, Any], str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "singleton.service.cli", "drill", "--json", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=tmp_path,
-    )
+    proc = run_singleton("drill", "--json", *args, timeout=timeout, cwd=tmp_path)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 

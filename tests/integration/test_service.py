@@ -14,7 +14,9 @@ import pymongo
 import pytest
 
 from singleton.abc import LeaseBackend
+from singleton.service.config import Config
 from singleton.service.embedded import free_port, wait_until
+from singleton.service.registry import make_backend
 from tests.integration.cluster import ReplicaProc, status_json
 
 LISTENER = "tests.integration.recording:RecordingListener"
@@ -30,14 +32,17 @@ TIMINGS = [
 ]
 
 
+def store_args(kind: str, redis_url: str, mongo_url: str, ns: str) -> list[str]:
+    """Flags for the lease store, the Mongo URL, the namespace and the short timings."""
+    return [
+        *["--backend", kind, "--redis-url", redis_url, "--mongo-url", mongo_url],
+        *["--namespace", ns, *TIMINGS],
+    ]
+
+
 def lease_backend(kind: str, redis_url: str, mongo_url: str, ns: str) -> LeaseBackend:
-    if kind == "redis":
-        from singleton.backends.redis import RedisLeaseBackend
-
-        return RedisLeaseBackend(redis_url, namespace=ns)
-    from singleton.backends.mongo import MongoLeaseBackend
-
-    return MongoLeaseBackend(mongo_url, database=ns)
+    config = Config(backend=kind, redis_url=redis_url, mongo_url=mongo_url, namespace=ns)
+    return make_backend(config)
 
 
 class Inserter(threading.Thread):
@@ -65,17 +70,7 @@ def test_one_holder_and_sigterm_hands_over_without_replay(
     kind: str, redis_url: str, mongo_url: str, unique: str, tmp_path: Path
 ) -> None:
     ns, db = f"svc{unique}", f"db{unique}"
-    common = [
-        "--backend",
-        kind,
-        "--redis-url",
-        redis_url,
-        "--mongo-url",
-        mongo_url,
-        "--namespace",
-        ns,
-        *TIMINGS,
-    ]
+    common = store_args(kind, redis_url, mongo_url, ns)
     listener = ["--listener", LISTENER, "-o", f"database={db}", "-o", "collection=orders"]
     lease = f"{db}.orders"
     procs = {f"r{i}": ReplicaProc(f"r{i}", common + listener, tmp_path) for i in range(3)}
@@ -142,15 +137,7 @@ def test_two_listeners_spread_over_three_replicas(
 ) -> None:
     ns, db = f"svc{unique}", f"db{unique}"
     args = [
-        "--backend",
-        "redis",
-        "--redis-url",
-        redis_url,
-        "--mongo-url",
-        mongo_url,
-        "--namespace",
-        ns,
-        *TIMINGS,
+        *store_args("redis", redis_url, mongo_url, ns),
         "--listener",
         LISTENER,
         "-o",
@@ -208,10 +195,9 @@ def _streaming(client: Any, db: str, coll: str) -> bool:
 
 def one_replica_args(redis_url: str, mongo_url: str, unique: str) -> list[str]:
     return [
-        "--backend", "redis", "--redis-url", redis_url, "--mongo-url", mongo_url,
-        "--namespace", f"svc{unique}", *TIMINGS,
-        "--listener", LISTENER, "-o", f"database=db{unique}", "-o", "collection=orders",
-    ]  # fmt: skip
+        *store_args("redis", redis_url, mongo_url, f"svc{unique}"),
+        *["--listener", LISTENER, "-o", f"database=db{unique}", "-o", "collection=orders"],
+    ]
 
 
 def test_unreachable_lease_store_retries_never_leads_and_stops_cleanly(

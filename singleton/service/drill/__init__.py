@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from singleton.errors import ConfigurationError, SingletonError
-from singleton.service.drill.cluster import Timings
 from singleton.service.drill.faults import KINDS, parse_kinds
 from singleton.service.drill.run import Drill, DrillOptions
+from singleton.timings import LeaseTimings
 
 __all__ = ["Drill", "DrillOptions", "main"]
 
@@ -50,12 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def timings_for(ttl: float) -> Timings:
+def timings_for(ttl: float) -> LeaseTimings:
     """The drill's defaults scaled to ``ttl``; the runner's 0.1 s stream poll must stay under a
     quarter of the renew deadline, and a loaded 2-core box needs some slack on top."""
     if ttl < 1.5:
         raise ConfigurationError(f"--ttl must be >= 1.5 s, got {ttl!r}")
-    return Timings(
+    return LeaseTimings.of(
         ttl=ttl,
         renew_interval=round(ttl / 5, 3),
         renew_deadline=round(0.8 * ttl, 3),

@@ -15,34 +15,33 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from singleton.abc import LeaseBackend, LeaseState
 from singleton.errors import ConfigurationError, SingletonError
-from singleton.service.cluster import ReplicaProcess, es_listener_toml
+from singleton.service.cluster import (
+    ReplicaProcess,
+    child_environment,
+    es_listener_toml,
+    singleton_command,
+)
 from singleton.service.config import AUDIT_ENV, UNSAFE_ENV, Config, load_config
 from singleton.service.drill.proxy import TcpProxy
 from singleton.service.embedded import ElasticServer, EmbeddedServer, MongoServer, RedisServer
 from singleton.service.registry import make_backend
+from singleton.timings import LeaseTimings
 
 DATABASE, COLLECTION, INDEX, LEASE = "drill", "orders", "drill-orders", "drill-orders"
 NAMESPACE = "singleton-drill"
 
 
-@dataclass(frozen=True)
-class Timings:
-    """Short lease timings: ``max_await_time`` (0.1 s) must stay <= renew_deadline / 4."""
-
-    ttl: float = 2.5
-    renew_interval: float = 0.5
-    renew_deadline: float = 2.0
-    retry_interval: float = 0.25
-    cooldown: float = 1.0
+#: Short lease timings; the runner's 0.1 s stream poll must stay <= renew_deadline / 4.
+DRILL_TIMINGS = LeaseTimings.of(
+    ttl=2.5, renew_interval=0.5, renew_deadline=2.0, retry_interval=0.25, cooldown=1.0
+)
 
 
 class PersistentRedis(RedisServer):
@@ -124,7 +123,7 @@ class DrillCluster:
         *,
         backend: str = "redis",
         replicas: int = 3,
-        timings: Timings | None = None,
+        timings: LeaseTimings = DRILL_TIMINGS,
         redis_url: str | None = None,
         mongo_url: str | None = None,
         es_url: str | None = None,
@@ -134,7 +133,7 @@ class DrillCluster:
         self.workdir = workdir
         self.backend_name = backend
         self.n = replicas
-        self.timings = timings or Timings()
+        self.timings = timings
         self.unsafe = unsafe
         self.clock_jumps = clock_jumps
         self.redis: PersistentRedis | None = None
@@ -201,7 +200,7 @@ cooldown = {t.cooldown}
         store_url = self.urls["redis"] if self.backend_name == "redis" else self.mongo_url
         assert store_url is not None
         host, port = _host_port(store_url, 6379 if self.backend_name == "redis" else 27017)
-        base_env = {k: v for k, v in os.environ.items() if not k.startswith("SINGLETON_")}
+        base_env = child_environment()
         if self.unsafe:
             base_env[UNSAFE_ENV] = "1"
         preload = faketime_library() if self.clock_jumps else None
@@ -217,15 +216,7 @@ cooldown = {t.cooldown}
             identity = f"replica-{i}"
             proxy = TcpProxy(host, port)
             self.proxies[identity] = proxy
-            argv = [
-                sys.executable,
-                "-m",
-                "singleton.service.cli",
-                "run",
-                "--config",
-                str(config_path),
-            ]
-            argv += ["--identity", identity]
+            argv = singleton_command("run", "--config", str(config_path), "--identity", identity)
             flag = "--redis-url" if self.backend_name == "redis" else "--mongo-url"
             argv += [flag, via_proxy(store_url, proxy.port)]
             env = dict(base_env)

@@ -27,10 +27,10 @@ from singleton.service.drill import faults as fl
 from singleton.service.drill.cluster import (
     COLLECTION,
     DATABASE,
+    DRILL_TIMINGS,
     INDEX,
     LEASE,
     DrillCluster,
-    Timings,
 )
 from singleton.service.drill.history import AuditTail, Sampler
 from singleton.service.drill.verdict import (
@@ -43,6 +43,7 @@ from singleton.service.drill.verdict import (
     write_lag,
 )
 from singleton.service.registry import make_backend
+from singleton.timings import LeaseTimings
 
 SCHEMA_VERSION = 1
 
@@ -61,7 +62,7 @@ class DrillOptions:
     mongo_url: str | None = None
     es_url: str | None = None
     unsafe: bool = False
-    timings: Timings = field(default_factory=Timings)
+    timings: LeaseTimings = DRILL_TIMINGS
     #: seconds a leader may take to stream again after a fault (beyond the fault itself)
     recover_timeout: float = 30.0
     quiesce_timeout: float = 30.0
