@@ -81,7 +81,7 @@ class Leadership:
         """Block until the tenure ends (or ``timeout``); returns whether it ended."""
         return self.lost.wait(timeout)
 
-    # -- used by the Elector only ---------------------------------------------------------
+    # -- used by the Election only --------------------------------------------------------
     def _confirm(self, lease: Lease, valid_until: float) -> None:
         self._lease = lease
         self._valid_until = max(self._valid_until, valid_until)

@@ -68,6 +68,13 @@ class MemoryLeaseBackend(LeaseBackend):
             return None
         return entry
 
+    def _state(self, name: str) -> LeaseState | None:
+        entry = self._live(name)
+        if entry is None:
+            return None
+        remaining = entry.expires_at - self._clock.monotonic()
+        return LeaseState(name, entry.holder, entry.token, remaining)
+
     def try_acquire(self, name: str, holder: str, ttl: float) -> Lease | None:
         validate_lease_args(name, holder, ttl)
         with self._lock:
@@ -109,23 +116,14 @@ class MemoryLeaseBackend(LeaseBackend):
         validate_lease_args(name)
         with self._lock:
             self.calls.append(("inspect", name))
-            entry = self._live(name)
-            if entry is None:
-                return None
-            remaining = entry.expires_at - self._clock.monotonic()
-            return LeaseState(name, entry.holder, entry.token, remaining)
+            return self._state(name)
 
     def contend(self, name: str, holder: str, ttl: float) -> Lease | LeaseState | None:
         lease = self.try_acquire(name, holder, ttl)
         if lease is not None:
             return lease
-        with self._lock:
-            entry = self._live(name)
-            if entry is None:
-                return None
-            return LeaseState(
-                name, entry.holder, entry.token, entry.expires_at - self._clock.monotonic()
-            )
+        with self._lock:  # one round trip, as on a server: not counted as an inspect
+            return self._state(name)
 
     def wait_for_release(
         self, name: str, timeout: float, wake: threading.Event | None = None

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
@@ -43,14 +41,11 @@ from pymongo import ReturnDocument
 from pymongo.collection import Collection
 from pymongo.write_concern import WriteConcern
 
-from singleton.abc import Lease, LeaseBackend, LeaseState, validate_lease_args
-from singleton.backends._notify import ReleaseNotifier
-from singleton.errors import (
-    BackendError,
-    BackendUnavailableError,
-    ConfigurationError,
-    PermissionDeniedError,
-)
+from singleton.abc import Lease, LeaseState, validate_lease_args
+from singleton.backends._base import ServerLeaseBackend
+from singleton.backends._notify import ReleaseFeed
+from singleton.errors import BackendError, ConfigurationError
+from singleton.mongo import classify, client, translate
 from singleton.redact import redact
 
 Doc = dict[str, Any]
@@ -58,13 +53,6 @@ Doc = dict[str, Any]
 DEFAULT_TIMEOUT = 2.5
 #: How long one change-stream getMore waits server-side; bounds how late ``close()`` ends it.
 POLL_MS = 500
-MAX_BACKOFF = 5.0
-#: Unauthorized, AuthenticationFailed, UserNotFound, Atlas "not allowed".
-_PERMISSION_CODES = frozenset({13, 18, 11, 8000})
-#: Server answers that mean "try again later": outcome unknown, not a bug.
-_UNAVAILABLE_CODES = frozenset(
-    {6, 7, 50, 64, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436}
-)
 #: Release events: a release is the only write that sets ``releasedAt``.
 _RELEASES = [
     {
@@ -141,7 +129,7 @@ def _owned_by(lease: Lease) -> Doc:
     }
 
 
-class MongoLeaseBackend(LeaseBackend):
+class MongoLeaseBackend(ServerLeaseBackend):
     """Leases on MongoDB. Pass a ``MongoClient`` (never closed here) or a URL (the client built
     from it has bounded timeouts and is closed by :meth:`close`)."""
 
@@ -162,47 +150,31 @@ class MongoLeaseBackend(LeaseBackend):
                 raise ConfigurationError(f"{label} must be a positive number, got {number!r}")
         self._timeout = float(timeout)
         self._skew_warning = float(clock_skew_warning)
-        self._owned = isinstance(client_or_url, str)
+        # The socket may wait out one change-stream getMore (POLL_MS) on top of the timeout.
+        self._client, self._owned = client(
+            client_or_url, timeout=self._timeout, socket_timeout=self._timeout + POLL_MS / 1000
+        )
         if isinstance(client_or_url, str):
             self._url = redact(client_or_url)
-            ms = int(self._timeout * 1000)
-            try:
-                self._client: pymongo.MongoClient[Doc] = pymongo.MongoClient(
-                    client_or_url,
-                    serverSelectionTimeoutMS=ms,
-                    connectTimeoutMS=ms,
-                    socketTimeoutMS=ms + POLL_MS,
-                    connect=False,
-                )
-            except (perr.PyMongoError, ValueError, TypeError) as exc:
-                raise ConfigurationError(
-                    f"invalid MongoDB URL {self._url}: {redact(str(exc))}"
-                ) from exc
-        elif isinstance(client_or_url, pymongo.MongoClient):
-            self._client = client_or_url
-            seeds = client_or_url.topology_description.server_descriptions()
-            self._url = "mongodb://" + ",".join(f"{h}:{p}" for h, p in seeds)
         else:
-            raise ConfigurationError(
-                f"expected a pymongo.MongoClient or a URL string, got {type(client_or_url)!r}"
-            )
+            seeds = self._client.topology_description.server_descriptions()
+            self._url = "mongodb://" + ",".join(f"{h}:{p}" for h, p in seeds)
         self.database, self.collection = database, collection
         wc = WriteConcern("majority", wtimeout=int(self._timeout * 1000))
         self._coll: Collection[Doc] = self._client[database].get_collection(
             collection, write_concern=wc
         )
-        self._notifier = ReleaseNotifier()
-        self._lock = threading.Lock()
         self._checked = False
-        self._closed = threading.Event()
-        self._stream_tried = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self._resume: Mapping[str, Any] | None = None
+        self._feed = ReleaseFeed(
+            f"singleton-mongo-watch-{database}.{collection}",
+            f"release change stream {self._url} {database}.{collection}",
+            self._stream,
+            (perr.PyMongoError,),
+            open_timeout=self._timeout,
+        )
 
     # -- the contract -----------------------------------------------------------------------
-    def try_acquire(self, name: str, holder: str, ttl: float) -> Lease | None:
-        result = self.contend(name, holder, ttl)
-        return result if isinstance(result, Lease) else None
-
     def contend(self, name: str, holder: str, ttl: float) -> Lease | LeaseState | None:
         validate_lease_args(name, holder, ttl)
         pipeline = _contend_pipeline(holder, ttl)
@@ -240,7 +212,7 @@ class MongoLeaseBackend(LeaseBackend):
             doc = self._coll.find_one_and_update(_owned_by(lease), update, projection={"_id": 1})
         if doc is None:
             return False
-        self._notifier.notify(lease.name)  # local waiters need not wait for the stream
+        self._feed.notify(lease.name)  # local waiters need not wait for the stream
         return True
 
     def inspect(self, name: str) -> LeaseState | None:
@@ -261,85 +233,31 @@ class MongoLeaseBackend(LeaseBackend):
             return None
         return self._state(name, docs[0], None)
 
-    def wait_for_release(
-        self, name: str, timeout: float, wake: threading.Event | None = None
-    ) -> bool:
-        validate_lease_args(name)
-        self._ensure_watcher()
-        # Only the first waiters wait here, for the stream's first open attempt.
-        if not self._stream_tried.is_set():
-            timeout -= self._wait_stream(min(timeout, self._timeout), wake)
-        if wake is not None and wake.is_set():
-            return False
-        return self._notifier.wait(name, timeout, wake)
-
     def describe(self) -> str:
         return f"mongo {self._url} {self.database}.{self.collection}"
 
     def close(self) -> None:
-        self._closed.set()
-        watcher = self._watcher
-        if watcher is not None and watcher is not threading.current_thread():
-            watcher.join(POLL_MS / 1000 + self._timeout)
+        self._feed.close(POLL_MS / 1000 + self._timeout)
         if self._owned:
             with contextlib.suppress(perr.PyMongoError):
                 self._client.close()
 
     # -- change stream ----------------------------------------------------------------------
-    def _ensure_watcher(self) -> None:
-        with self._lock:
-            if self._watcher is not None or self._closed.is_set():
-                return
-            self._watcher = threading.Thread(
-                target=self._watch,
-                name=f"singleton-mongo-watch-{self.database}.{self.collection}",
-                daemon=True,
-            )
-            self._watcher.start()
-
-    def _wait_stream(self, budget: float, wake: threading.Event | None) -> float:
-        """Wait up to ``budget`` for the first open attempt (or ``wake``); return time spent."""
-        start = time.monotonic()
-        while not self._stream_tried.is_set() and not self._closed.is_set():
-            left = budget - (time.monotonic() - start)
-            if left <= 0 or (wake is not None and wake.is_set()):
-                break
-            self._stream_tried.wait(min(0.01, left))
-        return time.monotonic() - start
-
-    def _watch(self) -> None:
-        backoff = 0.1
-        resume: Mapping[str, Any] | None = None
-        while not self._closed.is_set():
-            try:
-                with self._coll.watch(
-                    _RELEASES, max_await_time_ms=POLL_MS, resume_after=resume
-                ) as stream:
-                    self._stream_tried.set()
-                    backoff = 0.1
-                    while not self._closed.is_set():
-                        change = stream.try_next()
-                        resume = stream.resume_token
-                        if change is not None:
-                            self._dispatch(change)
-            except perr.PyMongoError as exc:
-                self._stream_tried.set()
-                if self._closed.is_set():
-                    return
-                if not isinstance(exc, (perr.ConnectionFailure, perr.ExecutionTimeout)):
-                    resume = None  # history lost or an unresumable stream: start from now
-                delay = backoff * random.uniform(0.8, 1.2)
-                logger.warning(
-                    "release change stream down, reopening in {:.2f}s (waiters fall back to their"
-                    " timeout): {} {}.{}: {}",
-                    delay,
-                    self._url,
-                    self.database,
-                    self.collection,
-                    redact(str(exc)),
-                )
-                self._closed.wait(delay)
-                backoff = min(backoff * 2, MAX_BACKOFF)
+    def _stream(self) -> None:
+        try:
+            with self._coll.watch(
+                _RELEASES, max_await_time_ms=POLL_MS, resume_after=self._resume
+            ) as stream:
+                self._feed.opened()
+                while not self._feed.closed.is_set():
+                    change = stream.try_next()
+                    self._resume = stream.resume_token
+                    if change is not None:
+                        self._dispatch(change)
+        except perr.PyMongoError as exc:
+            if classify(exc) != "transient":
+                self._resume = None  # history lost or an unresumable stream: start from now
+            raise
 
     def _dispatch(self, change: Mapping[str, Any]) -> None:
         key = change.get("documentKey") or {}
@@ -351,7 +269,7 @@ class MongoLeaseBackend(LeaseBackend):
             released = fields.get("holder") is None
         if released and isinstance(name, str):
             logger.debug("release observed: lease={}", name)
-            self._notifier.notify(name)
+            self._feed.notify(name)
 
     # -- helpers ----------------------------------------------------------------------------
     @staticmethod
@@ -368,26 +286,10 @@ class MongoLeaseBackend(LeaseBackend):
     def _translate(self, op: str, name: str) -> Iterator[None]:
         """Bound the call, check the clock once, and turn every pymongo error into ours."""
         where = f"mongo {op} of lease {name!r} on {self._url} {self.database}.{self.collection}"
-        try:
-            with pymongo.timeout(self._timeout):
-                if not self._checked:
-                    self._check_clock()
-                yield
-        except perr.OperationFailure as exc:
-            detail = redact(str(exc.details.get("errmsg", exc) if exc.details else exc))
-            if exc.code in _PERMISSION_CODES:
-                raise PermissionDeniedError(f"{where}: permission denied: {detail}") from exc
-            if exc.code in _UNAVAILABLE_CODES or exc.timeout:
-                raise BackendUnavailableError(f"{where}: outcome unknown: {detail}") from exc
-            raise BackendError(f"{where}: {detail} (code {exc.code})") from exc
-        except perr.PyMongoError as exc:
-            if isinstance(exc, perr.ConfigurationError):
-                raise ConfigurationError(f"{where}: {redact(str(exc))}") from exc
-            if isinstance(exc, perr.ConnectionFailure) or getattr(exc, "timeout", False):
-                raise BackendUnavailableError(
-                    f"{where}: outcome unknown: {type(exc).__name__}: {redact(str(exc))}"
-                ) from exc
-            raise BackendError(f"{where}: {type(exc).__name__}: {redact(str(exc))}") from exc
+        with translate(where), pymongo.timeout(self._timeout):
+            if not self._checked:
+                self._check_clock()
+            yield
 
     def _check_clock(self) -> None:
         """Log a warning if this machine's wall clock is far from the server's. Informational:
@@ -414,6 +316,6 @@ class MongoLeaseBackend(LeaseBackend):
 def _epoch_ms(value: Any) -> float:
     if not isinstance(value, datetime):
         return 0.0
-    if value.tzinfo is None:  # pymongo decodes BSON dates as naive UTC by default
+    if value.tzinfo is None:  # a client passed in may decode dates as naive UTC (the default)
         value = value.replace(tzinfo=timezone.utc)
     return float(value.timestamp()) * 1000

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -35,12 +34,12 @@ from urllib.parse import urlsplit
 
 import redis
 import redis.exceptions as rex
-from loguru import logger
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from singleton.abc import Lease, LeaseBackend, LeaseState, validate_lease_args
-from singleton.backends._notify import ReleaseNotifier
+from singleton.abc import Lease, LeaseState, validate_lease_args
+from singleton.backends._base import ServerLeaseBackend
+from singleton.backends._notify import ReleaseFeed
 from singleton.errors import (
     BackendError,
     BackendUnavailableError,
@@ -117,7 +116,6 @@ DEFAULT_TIMEOUT = 2.0
 POLL = 0.5
 #: Silence on the subscription after which the thread pings it (and reconnects if still silent).
 HEALTH_INTERVAL = 30.0
-MAX_BACKOFF = 5.0
 
 _PERMISSION = (rex.AuthenticationError, rex.AuthorizationError, rex.NoPermissionError)
 _UNAVAILABLE = (rex.ConnectionError, rex.TimeoutError, rex.BusyLoadingError, rex.ReadOnlyError)
@@ -133,18 +131,16 @@ def translate(what: str) -> Iterator[None]:
     :class:`BackendError`. Used by the lease backend and the Redis checkpoint store alike."""
     try:
         yield
-    except _PERMISSION as exc:
-        raise PermissionDeniedError(f"{what}: permission denied: {redact(str(exc))}") from exc
-    except _UNAVAILABLE as exc:
-        raise BackendUnavailableError(f"{what}: {type(exc).__name__}: {redact(str(exc))}") from exc
-    except rex.ResponseError as exc:
-        if str(exc).upper().startswith(_PERMISSION_PREFIXES):
-            raise PermissionDeniedError(f"{what}: permission denied: {exc}") from exc
-        raise BackendError(f"{what}: {redact(str(exc))}") from exc
-    except rex.RedisError as exc:
-        raise BackendError(f"{what}: {type(exc).__name__}: {redact(str(exc))}") from exc
-    except OSError as exc:
-        raise BackendUnavailableError(f"{what}: {exc}") from exc
+    except (rex.RedisError, OSError) as exc:
+        detail = redact(str(exc))  # a connection error may quote the URL, password and all
+        if isinstance(exc, _PERMISSION) or (
+            isinstance(exc, rex.ResponseError) and detail.upper().startswith(_PERMISSION_PREFIXES)
+        ):
+            raise PermissionDeniedError(f"{what}: permission denied: {detail}") from exc
+        detail = f"{type(exc).__name__}: {detail}"
+        if isinstance(exc, (*_UNAVAILABLE, OSError)):
+            raise BackendUnavailableError(f"{what}: {detail}") from exc
+        raise BackendError(f"{what}: {detail}") from exc
 
 
 def _ms(ttl: float) -> int:
@@ -155,7 +151,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RedisLeaseBackend(LeaseBackend):
+class RedisLeaseBackend(ServerLeaseBackend):
     """Leases on Redis. Pass a ``redis.Redis`` client (never closed here) or a URL (the client
     built from it has bounded socket timeouts, ``retries`` immediate retries of a failed call,
     and is closed by :meth:`close`)."""
@@ -196,7 +192,9 @@ class RedisLeaseBackend(LeaseBackend):
                     retry=Retry(NoBackoff(), retries),
                 )
             except (ValueError, rex.RedisError) as exc:
-                raise ConfigurationError(f"invalid Redis URL {self._url}: {exc}") from None
+                raise ConfigurationError(
+                    f"invalid Redis URL {self._url}: {redact(str(exc))}"
+                ) from None
         elif isinstance(client_or_url, redis.Redis):
             self._client = client_or_url
             self._url = self._client_url(client_or_url)
@@ -209,17 +207,15 @@ class RedisLeaseBackend(LeaseBackend):
         self._renew = self._client.register_script(RENEW)
         self._release = self._client.register_script(RELEASE)
         self._inspect = self._client.register_script(INSPECT)
-        self._notifier = ReleaseNotifier()
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
-        self._subscribed = threading.Event()
-        self._listener: threading.Thread | None = None
+        self._feed = ReleaseFeed(
+            f"singleton-redis-pubsub-{namespace}",
+            f"release subscription {self._url} channel={self._channel}",
+            self._subscription,
+            (rex.RedisError, OSError, ValueError),
+            open_timeout=DEFAULT_TIMEOUT,
+        )
 
     # -- the contract -----------------------------------------------------------------------
-    def try_acquire(self, name: str, holder: str, ttl: float) -> Lease | None:
-        result = self.contend(name, holder, ttl)
-        return result if isinstance(result, Lease) else None
-
     def contend(self, name: str, holder: str, ttl: float) -> Lease | LeaseState | None:
         validate_lease_args(name, holder, ttl)
         with self._translate("acquire", name):
@@ -254,82 +250,29 @@ class RedisLeaseBackend(LeaseBackend):
             return None
         return LeaseState(name, _text(reply[1]), int(reply[0]), self._seconds(reply[2]))
 
-    def wait_for_release(
-        self, name: str, timeout: float, wake: threading.Event | None = None
-    ) -> bool:
-        validate_lease_args(name)
-        if self._ensure_listener():
-            # The first waiter waits (within its timeout) for the one SUBSCRIBE, so that a
-            # release right after it is not missed. Later waiters never wait for it: while the
-            # subscription is down they simply run to their timeout.
-            timeout -= self._wait_subscribed(min(timeout, DEFAULT_TIMEOUT), wake)
-        if wake is not None and wake.is_set():
-            return False
-        return self._notifier.wait(name, timeout, wake)
-
     def describe(self) -> str:
         return f"redis {self._url} namespace={self.namespace}"
 
     def close(self) -> None:
-        self._closed.set()
-        listener = self._listener
-        if listener is not None and listener is not threading.current_thread():
-            listener.join(POLL + DEFAULT_TIMEOUT)
+        self._feed.close(POLL + DEFAULT_TIMEOUT)
         if self._owned:
             with contextlib.suppress(rex.RedisError, OSError):
                 self._client.close()
 
     # -- pub/sub ---------------------------------------------------------------------------
-    def _ensure_listener(self) -> bool:
-        """Start the subscription thread unless it runs (or we are closed); True if started."""
-        with self._lock:
-            if self._listener is not None or self._closed.is_set():
-                return False
-            self._listener = threading.Thread(
-                target=self._listen, name=f"singleton-redis-pubsub-{self.namespace}", daemon=True
-            )
-            self._listener.start()
-            return True
-
-    def _wait_subscribed(self, budget: float, wake: threading.Event | None) -> float:
-        """Wait up to ``budget`` for the subscription (or ``wake``); return the time spent."""
-        start = time.monotonic()
-        step = 0.01
-        while not self._subscribed.is_set() and not self._closed.is_set():
-            left = budget - (time.monotonic() - start)
-            if left <= 0 or (wake is not None and wake.is_set()):
-                break
-            self._subscribed.wait(min(step, left))
-        return time.monotonic() - start
-
-    def _listen(self) -> None:
-        backoff = 0.1
-        while not self._closed.is_set():
-            pubsub = self._client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
-            try:
-                self._pump(pubsub)
-                backoff = 0.1
-            except (rex.RedisError, OSError, ValueError) as exc:
-                self._subscribed.clear()
-                logger.warning(
-                    "release subscription lost, reconnecting in {:.1f}s: {} channel={}: {}",
-                    backoff,
-                    self._url,
-                    self._channel,
-                    exc,
-                )
-                self._closed.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
-            finally:
-                self._subscribed.clear()
-                with contextlib.suppress(Exception):
-                    pubsub.close()
+    def _subscription(self) -> None:
+        pubsub = self._client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+        try:
+            self._pump(pubsub)
+        finally:
+            with contextlib.suppress(Exception):
+                pubsub.close()
 
     def _pump(self, pubsub: Any) -> None:
         pubsub.subscribe(self._channel)
         heard = time.monotonic()
         pinged = False
-        while not self._closed.is_set():
+        while not self._feed.closed.is_set():
             message = pubsub.get_message(timeout=POLL)
             now = time.monotonic()
             if message is None:
@@ -343,10 +286,9 @@ class RedisLeaseBackend(LeaseBackend):
             heard, pinged = now, False
             kind = _text(message.get("type"))
             if kind == "subscribe":
-                self._subscribed.set()
-                logger.debug("subscribed: {} channel={}", self._url, self._channel)
+                self._feed.opened()
             elif kind == "message":
-                self._notifier.notify(_text(message["data"]))
+                self._feed.notify(_text(message["data"]))
 
     # -- helpers ---------------------------------------------------------------------------
     def _translate(self, op: str, name: str) -> contextlib.AbstractContextManager[None]:

@@ -6,14 +6,20 @@ Every lease boundary here is exact: nothing depends on real time passing.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from singleton import ConfigurationError, Elector, Leadership, LeaseLostError
 from singleton.abc import Lease
+from singleton.callbacks import Callbacks
+from singleton.election import Election
+from singleton.elector import BeforeRelease
 from singleton.errors import BackendUnavailableError
+from singleton.retry import Backoff
 from singleton.testing import FakeClock, MemoryLeaseBackend
+from singleton.timings import LeaseTimings
 
 
 class Recorder:
@@ -83,6 +89,23 @@ def make(
     )
 
 
+def assert_leads(e: Elector, token: int | None = None) -> Leadership:
+    """``e``'s valid tenure, with fencing token ``token`` if given."""
+    ld = e.leadership
+    assert ld is not None, f"{e!r} does not lead"
+    assert token is None or ld.token == token, ld
+    return ld
+
+
+def leading(backend: MemoryLeaseBackend, clock: FakeClock, **kw: Any) -> tuple[Elector, Recorder]:
+    """An elector (identity ``a``) that has just won the free lease, token 1, and its recorder."""
+    rec = Recorder()
+    e = make(backend, clock, rec, **kw)
+    e.tick()
+    assert_leads(e, 1)
+    return e, rec
+
+
 # -- construction ---------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("kw", "named"),
@@ -110,16 +133,13 @@ def test_invalid_timings_name_the_values(kw: dict[str, float], named: str) -> No
         ({"cooldown": -1.0}, "cooldown"),
         ({"identity": "a/b"}, "identity"),
         ({"identity": ""}, "identity"),
+        ({"jitter": 1.0}, "jitter"),
+        ({"name": ""}, "lease name"),
     ],
 )
 def test_invalid_arguments(kw: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigurationError, match=named):
-        Elector(MemoryLeaseBackend(), "job", **kw)
-
-
-def test_empty_name_rejected() -> None:
-    with pytest.raises(ConfigurationError, match="lease name"):
-        Elector(MemoryLeaseBackend(), "")
+        Elector(MemoryLeaseBackend(), kw.pop("name", "job"), **kw)
 
 
 def test_default_timings() -> None:
@@ -140,8 +160,8 @@ def test_elected_when_free_then_renews_on_schedule(backend: FlakyBackend, clock:
     e = make(backend, clock, rec)  # ttl 9: renew every 3, deadline 6
     assert e.tick() == 0.0
     assert e.is_leader and rec.events == [("leader", "a"), ("elected", "a", 1)]
-    ld = e.leadership
-    assert ld is not None and ld.token == 1 and ld.remaining() == pytest.approx(6.0)
+    ld = assert_leads(e, 1)
+    assert ld.remaining() == pytest.approx(6.0)
     assert e.tick() == pytest.approx(3.0)  # nothing due yet
     backend.calls.clear()
     clock.advance(3.0)
@@ -172,19 +192,15 @@ def test_restarted_process_with_same_identity_does_not_inherit_the_lease(
     assert not reborn.is_leader
     clock.advance(9.0)  # the crashed one's lease expires unrenewed
     reborn.tick()
-    ld = reborn.leadership
-    assert ld is not None and ld.token == 2
+    assert_leads(reborn, 2)
 
 
 # -- stop before expiry ---------------------------------------------------------------------
 def test_unconfirmed_renewal_demotes_at_the_deadline_before_the_lease_expires(
     backend: FlakyBackend, clock: FakeClock
 ) -> None:
-    rec = Recorder()
-    e = make(backend, clock, rec)  # ttl 9, renew_deadline 6
-    e.tick()
-    ld = e.leadership
-    assert ld is not None
+    e, rec = leading(backend, clock)  # ttl 9, renew_deadline 6
+    ld = assert_leads(e)
     backend.down = True
     clock.advance(3.0)
     e.tick()  # the renewal fails: still valid, retrying
@@ -217,17 +233,14 @@ def test_deadline_counts_from_when_the_renewal_was_sent(
     slow = SlowRenew(clock)
     e = make(slow, clock)
     e.tick()
-    ld = e.leadership
-    assert ld is not None
+    ld = assert_leads(e)
     clock.advance(3.0)
     e.tick()
     assert ld.remaining() == pytest.approx(4.0)  # 6 s from the send, 2 s of which have passed
 
 
 def test_renew_refused_means_lost(backend: FlakyBackend, clock: FakeClock) -> None:
-    rec = Recorder()
-    e = make(backend, clock, rec)
-    e.tick()
+    e, rec = leading(backend, clock)
     backend.expire("job")
     assert backend.try_acquire("job", "thief/1", 9.0) is not None
     clock.advance(3.0)
@@ -239,9 +252,7 @@ def test_renew_refused_means_lost(backend: FlakyBackend, clock: FakeClock) -> No
 def test_after_demotion_a_new_tenure_gets_a_new_token(
     backend: FlakyBackend, clock: FakeClock
 ) -> None:
-    rec = Recorder()
-    e = make(backend, clock, rec)
-    e.tick()
+    e, _ = leading(backend, clock)
     backend.down = True
     clock.advance(6.0)
     e.tick()
@@ -250,15 +261,13 @@ def test_after_demotion_a_new_tenure_gets_a_new_token(
     assert not e.is_leader
     clock.advance(3.0)  # it expires
     e.tick()
-    ld = e.leadership
-    assert ld is not None and ld.token == 2
+    assert_leads(e, 2)
 
 
 # -- rotation -------------------------------------------------------------------------------
 def test_rotation_drains_then_releases_then_cools_down(
     backend: FlakyBackend, clock: FakeClock
 ) -> None:
-    rec = Recorder()
     drained: list[bool] = []
 
     def before_release(ld: Leadership) -> None:
@@ -266,8 +275,7 @@ def test_rotation_drains_then_releases_then_cools_down(
         state = backend.inspect("job")
         assert state is not None and state.token == ld.token  # not yet released
 
-    e = make(backend, clock, rec, max_tenure=4.0, cooldown=2.0, before_release=before_release)
-    e.tick()
+    e, rec = leading(backend, clock, max_tenure=4.0, cooldown=2.0, before_release=before_release)
     clock.advance(3.0)
     e.tick()  # renew
     clock.advance(1.0)
@@ -280,46 +288,35 @@ def test_rotation_drains_then_releases_then_cools_down(
     assert backend.calls == []
     clock.advance(2.0)
     e.tick()  # a lone replica takes it back after the cooldown
-    ld = e.leadership
-    assert ld is not None and ld.token == 2
+    assert_leads(e, 2)
 
 
-def test_rotate_now(backend: FlakyBackend, clock: FakeClock) -> None:
-    rec = Recorder()
-    e = make(backend, clock, rec)
-    e.tick()
+def _raising_drain(ld: Leadership) -> None:
+    raise RuntimeError("drain bug")
+
+
+@pytest.mark.parametrize("before_release", [None, _raising_drain], ids=["plain", "drain-raises"])
+def test_rotate_now_releases(
+    backend: FlakyBackend, clock: FakeClock, before_release: BeforeRelease | None
+) -> None:
+    e, rec = leading(backend, clock, before_release=before_release)
     e.rotate()
     e.tick()
     assert rec.events[-1] == ("lost", "a", 1, "released")
     other = make(backend, clock, identity="b")
     other.tick()
-    assert other.leadership is not None and other.leadership.token == 2
+    assert_leads(other, 2)
 
 
 def test_failed_drain_does_not_release(backend: FlakyBackend, clock: FakeClock) -> None:
     gate = threading.Event()
-    e = make(backend, clock, before_release=lambda ld: gate.wait(5), release_timeout=0.05)
-    e.tick()
+    e, _ = leading(backend, clock, before_release=lambda ld: gate.wait(5), release_timeout=0.05)
     e.rotate()
     e.tick()
     gate.set()
     assert not e.is_leader
     state = backend.inspect("job")
     assert state is not None and state.token == 1  # left to expire, not released mid-drain
-
-
-def test_drain_raising_still_releases_only_if_valid(
-    backend: FlakyBackend, clock: FakeClock
-) -> None:
-    def boom(ld: Leadership) -> None:
-        raise RuntimeError("drain bug")
-
-    rec = Recorder()
-    e = make(backend, clock, rec, before_release=boom)
-    e.tick()
-    e.rotate()
-    e.tick()
-    assert rec.events[-1][3] == "released"
 
 
 # -- failures of the store ------------------------------------------------------------------
@@ -349,23 +346,13 @@ def test_callback_errors_do_not_stop_the_elector(backend: FlakyBackend, clock: F
 
 
 # -- stopping -------------------------------------------------------------------------------
-def test_stop_releases(backend: FlakyBackend, clock: FakeClock) -> None:
-    rec = Recorder()
-    e = make(backend, clock, rec)
-    e.tick()
-    e.stop()
+@pytest.mark.parametrize("release", [True, False], ids=["release", "let-expire"])
+def test_stop(backend: FlakyBackend, clock: FakeClock, release: bool) -> None:
+    e, rec = leading(backend, clock)
+    e.stop(release=release)
     assert rec.events[-1] == ("lost", "a", 1, "stopped")
-    assert backend.inspect("job") is None
-
-
-def test_stop_without_release_leaves_the_lease_to_expire(
-    backend: FlakyBackend, clock: FakeClock
-) -> None:
-    e = make(backend, clock)
-    e.tick()
-    e.stop(release=False)
     assert not e.is_leader
-    assert backend.inspect("job") is not None
+    assert (backend.inspect("job") is None) == release
 
 
 # -- threads, real clock ----------------------------------------------------------------------
@@ -380,7 +367,7 @@ def test_lead_blocks_until_elected_and_releases_on_exit() -> None:
     got = threading.Event()
     waiting.subscribe(on_elected=lambda _ld: got.set())
     assert got.wait(3) or waiting.is_leader
-    assert waiting.leadership is not None and waiting.leadership.token == 2
+    assert_leads(waiting, 2)
     waiting.stop()
     assert b.inspect("job") is None
 
@@ -437,3 +424,35 @@ def test_rotate_on_a_follower_is_ignored(backend: FlakyBackend, clock: FakeClock
     follower.tick()
     assert follower.is_leader
     assert [e for e in rec.events if e[0] == "lost"] == []
+
+
+def test_the_election_runs_without_a_driver(backend: FlakyBackend, clock: FakeClock) -> None:
+    """The state machine alone, as another driver (asyncio) would use it: it starts no thread."""
+    changes: list[str | None] = []
+
+    def run_inline(work: Callable[[], None], timeout: float) -> bool:
+        work()
+        return True
+
+    callbacks = Callbacks("job")
+    callbacks.add(before_release=lambda ld: changes.append("drained"))
+    election = Election(
+        backend,
+        "job",
+        "a",
+        LeaseTimings.of(9.0, retry_interval=1.0),
+        clock=clock,
+        backoff=Backoff(1.0, 30.0, jitter=0.0),
+        callbacks=callbacks,
+        run_bounded=run_inline,
+        changed=lambda: changes.append(None),
+    )
+    threads = threading.active_count()
+    assert election.tick() == 0.0
+    assert election.leadership is not None and election.leadership.token == 1
+    assert election.tick() == pytest.approx(3.0)
+    assert election.rotate()
+    assert election.tick() == 0.0
+    assert election.leadership is None and backend.inspect("job") is None
+    assert changes == [None, None, "drained", None]  # elected, renewed for the drain, ended
+    assert threading.active_count() == threads

@@ -21,39 +21,43 @@ def backend(clock: FakeClock) -> MemoryLeaseBackend:
     return MemoryLeaseBackend(clock=clock)
 
 
-def test_live_until_just_before_ttl_free_at_exactly_ttl(
-    backend: MemoryLeaseBackend, clock: FakeClock
-) -> None:
-    lease = backend.try_acquire("job", "a/1", TTL)
-    assert lease is not None
-    clock.advance(TTL - EPSILON)
+def grant(backend: MemoryLeaseBackend, holder: str = "a/1") -> Lease:
+    lease = backend.try_acquire("job", holder, TTL)
+    assert lease is not None, f"{holder} was refused"
+    return lease
+
+
+def assert_live_for(backend: MemoryLeaseBackend, clock: FakeClock, seconds: float) -> None:
+    """The lease is held for exactly ``seconds`` more: refused just before, free at the instant."""
+    clock.advance(seconds - EPSILON)
     state = backend.inspect("job")
     assert state is not None and state.ttl_remaining == pytest.approx(EPSILON)
     assert backend.try_acquire("job", "b/1", TTL) is None
     clock.advance(EPSILON)
     assert backend.inspect("job") is None
-    successor = backend.try_acquire("job", "b/1", TTL)
-    assert successor is not None and successor.token == lease.token + 1
+
+
+def test_live_until_just_before_ttl_free_at_exactly_ttl(
+    backend: MemoryLeaseBackend, clock: FakeClock
+) -> None:
+    lease = grant(backend)
+    assert_live_for(backend, clock, TTL)
+    assert grant(backend, "b/1").token == lease.token + 1
 
 
 def test_renew_restarts_ttl_from_renewal_time(
     backend: MemoryLeaseBackend, clock: FakeClock
 ) -> None:
-    lease = backend.try_acquire("job", "a/1", TTL)
-    assert lease is not None
+    lease = grant(backend)
     clock.advance(TTL - 1)
     assert backend.renew(lease) == lease
-    clock.advance(TTL - EPSILON)
-    assert backend.try_acquire("job", "b/1", TTL) is None
-    clock.advance(EPSILON)
-    assert backend.inspect("job") is None
+    assert_live_for(backend, clock, TTL)
 
 
 def test_renew_and_release_at_exactly_ttl_fail(
     backend: MemoryLeaseBackend, clock: FakeClock
 ) -> None:
-    lease = backend.try_acquire("job", "a/1", TTL)
-    assert lease is not None
+    lease = grant(backend)
     clock.advance(TTL)
     assert backend.renew(lease) is None
     assert backend.release(lease) is False
@@ -62,23 +66,16 @@ def test_renew_and_release_at_exactly_ttl_fail(
 def test_same_holder_reacquire_at_expiry_gets_new_token(
     backend: MemoryLeaseBackend, clock: FakeClock
 ) -> None:
-    lease = backend.try_acquire("job", "a/1", TTL)
-    assert lease is not None
+    lease = grant(backend)
     clock.advance(TTL - EPSILON)
-    kept = backend.try_acquire("job", "a/1", TTL)
-    assert kept is not None and kept.token == lease.token
+    assert grant(backend) == lease  # still live: extended, the token kept
     clock.advance(TTL)
-    fresh = backend.try_acquire("job", "a/1", TTL)
-    assert fresh is not None and fresh.token == lease.token + 1
+    assert grant(backend).token == lease.token + 1
 
 
-def test_expire_does_not_wake_waiters_and_keeps_counter(
-    backend: MemoryLeaseBackend, clock: FakeClock
-) -> None:
-    lease = backend.try_acquire("job", "a/1", TTL)
-    assert lease is not None
+def test_expire_does_not_wake_waiters_and_keeps_counter(backend: MemoryLeaseBackend) -> None:
+    lease = grant(backend)
     backend.expire("job")
     assert backend.wait_for_release("job", 0.01) is False
     assert backend.renew(lease) is None
-    again = backend.try_acquire("job", "b/1", TTL)
-    assert again == Lease("job", "b/1", lease.token + 1, TTL)
+    assert grant(backend, "b/1") == Lease("job", "b/1", lease.token + 1, TTL)
