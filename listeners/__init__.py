@@ -13,6 +13,7 @@ from listeners.deadletter import DeadLetterStore, PoisonEventError
 from listeners.elasticsearch import ElasticsearchSync as ElasticsearchSync
 from listeners.logging import LoggingListener
 from listeners.runner import ListenerRunner
+from listeners.status import RunnerStatus, TenureOutcome
 
 __all__ = [
     "ChangeStreamListener",
@@ -25,4 +26,6 @@ __all__ = [
     "MongoCheckpointStore",
     "PoisonEventError",
     "RedisCheckpointStore",
+    "RunnerStatus",
+    "TenureOutcome",
 ]

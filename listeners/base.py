@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args
 
 from loguru import logger as _logger
 
@@ -33,6 +33,7 @@ ChangeEvent = Mapping[str, Any]
 HistoryLostPolicy = Literal["fail", "resync", "resume_from_now"]
 PoisonPolicy = Literal["dead_letter", "stop"]
 StopReason = Literal["released", "expired", "lost", "stopped", "error"]
+_FULL_DOCUMENT_MODES = (None, "default", "updateLookup", "whenAvailable", "required")
 
 
 class ProgressStore(Protocol):
@@ -137,54 +138,30 @@ class ChangeStreamListener:
         self._validate()
 
     def _validate(self) -> None:
-        cls = type(self).__name__
-        if not isinstance(self.database, str) or not self.database:
-            raise ConfigurationError(
-                f"{cls}.database must be a database name, got {self.database!r}"
-            )
-        if self.collection is not None and (
-            not isinstance(self.collection, str) or not self.collection
-        ):
-            raise ConfigurationError(
-                f"{cls}.collection must be a name or None, got {self.collection!r}"
-            )
-        if (
-            isinstance(self.batch_size, bool)
-            or not isinstance(self.batch_size, int)
-            or self.batch_size < 1
-        ):
-            raise ConfigurationError(
-                f"{cls}.batch_size must be an integer >= 1, got {self.batch_size!r}"
-            )
-        if (
-            isinstance(self.max_batch_wait, bool)
-            or not isinstance(self.max_batch_wait, (int, float))
-            or self.max_batch_wait < 0
-        ):
-            raise ConfigurationError(
-                f"{cls}.max_batch_wait must be seconds >= 0, got {self.max_batch_wait!r}"
-            )
-        if self.on_history_lost not in ("fail", "resync", "resume_from_now"):
-            raise ConfigurationError(
-                f"{cls}.on_history_lost must be fail, resync or resume_from_now, got "
-                f"{self.on_history_lost!r}"
-            )
-        if self.on_poison not in ("dead_letter", "stop"):
-            raise ConfigurationError(
-                f"{cls}.on_poison must be dead_letter or stop, got {self.on_poison!r}"
-            )
-        if (
-            isinstance(self.max_retries, bool)
-            or not isinstance(self.max_retries, int)
-            or self.max_retries < 0
-        ):
-            raise ConfigurationError(
-                f"{cls}.max_retries must be an integer >= 0, got {self.max_retries!r}"
-            )
-        if self.full_document not in (None, "default", "updateLookup", "whenAvailable", "required"):
-            raise ConfigurationError(
-                f"{cls}.full_document is not a valid mode: {self.full_document!r}"
-            )
+        """Raise :class:`ConfigurationError` naming the first option that breaks its rule."""
+        rules: list[tuple[str, bool, str]] = [
+            ("database", _is_name(self.database), "a database name"),
+            ("collection", self.collection is None or _is_name(self.collection), "a name or None"),
+            ("batch_size", _at_least(self.batch_size, 1, integer=True), "an integer >= 1"),
+            ("max_batch_wait", _at_least(self.max_batch_wait, 0), "seconds >= 0"),
+            (
+                "on_history_lost",
+                self.on_history_lost in get_args(HistoryLostPolicy),
+                "fail, resync or resume_from_now",
+            ),
+            ("on_poison", self.on_poison in get_args(PoisonPolicy), "dead_letter or stop"),
+            ("max_retries", _at_least(self.max_retries, 0, integer=True), "an integer >= 0"),
+            (
+                "full_document",
+                self.full_document in _FULL_DOCUMENT_MODES,
+                "None or a mode (default, updateLookup, whenAvailable, required)",
+            ),
+        ]
+        for option, ok, rule in rules:
+            if not ok:
+                raise ConfigurationError(
+                    f"{type(self).__name__}.{option} must be {rule}, got {getattr(self, option)!r}"
+                )
         if self.name is None:
             self.name = f"{self.database}.{self.collection or '*'}"
 
@@ -224,6 +201,16 @@ class ChangeStreamListener:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+def _is_name(value: object) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _at_least(value: object, low: float, *, integer: bool = False) -> bool:
+    """A number (never a bool) >= ``low``; an ``int`` when ``integer``."""
+    kinds = int if integer else (int, float)
+    return not isinstance(value, bool) and isinstance(value, kinds) and value >= low
 
 
 def default_logger() -> Logger:

@@ -9,10 +9,9 @@ refused writer gets :class:`~singleton.errors.StaleWriterError` and stops.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -20,12 +19,9 @@ from typing import TYPE_CHECKING, Any
 from bson import json_util
 from bson.timestamp import Timestamp
 
-from singleton.errors import (
-    BackendError,
-    BackendUnavailableError,
-    PermissionDeniedError,
-    StaleWriterError,
-)
+from singleton import mongo
+from singleton.backends.redis import translate as redis_translate
+from singleton.errors import StaleWriterError
 
 if TYPE_CHECKING:
     import redis
@@ -67,7 +63,8 @@ class CheckpointStore(ABC):
       share a cluster time, and an idle stream may re-mint a token at the same time.
     * **Atomicity.** The check and the write are one server-side step; there is no
       read-then-write window.
-    * **Errors.** Driver errors never leak: unreachable or timed out ->
+    * **Errors.** Driver errors never leak (:func:`singleton.mongo.translate`,
+      :func:`singleton.backends.redis.translate`): unreachable, timed out or "try again" ->
       :class:`~singleton.errors.BackendUnavailableError`; refused credentials ->
       :class:`~singleton.errors.PermissionDeniedError`; anything else ->
       :class:`~singleton.errors.BackendError`.
@@ -124,39 +121,6 @@ def _stale(name: str, checkpoint: Checkpoint | None, token: int, ct: Timestamp |
 
 
 # -- MongoDB --------------------------------------------------------------------------------
-@contextlib.contextmanager
-def mongo_errors(what: str) -> Iterator[None]:
-    """Translate pymongo errors raised inside the block into singleton errors."""
-    import pymongo.errors as pe
-
-    try:
-        yield
-    except pe.OperationFailure as exc:
-        if exc.code in (13, 18, 8000) or "not authorized" in str(exc).lower():
-            raise PermissionDeniedError(f"{what}: MongoDB refused: {exc}") from exc
-        raise BackendError(f"{what}: {exc}") from exc
-    except (pe.ConnectionFailure, pe.ExecutionTimeout, pe.WTimeoutError) as exc:
-        raise BackendUnavailableError(f"{what}: MongoDB unavailable: {exc}") from exc
-    except pe.PyMongoError as exc:
-        raise BackendError(f"{what}: {exc}") from exc
-
-
-def mongo_client(client_or_url: MongoClient[dict[str, Any]] | str) -> tuple[Any, bool]:
-    """``(client, owned)``: a client built from a URL gets bounded timeouts and is owned."""
-    if isinstance(client_or_url, str):
-        from pymongo import MongoClient
-
-        client: MongoClient[dict[str, Any]] = MongoClient(
-            client_or_url,
-            serverSelectionTimeoutMS=3000,
-            connectTimeoutMS=3000,
-            socketTimeoutMS=5000,
-            tz_aware=True,
-        )
-        return client, True
-    return client_or_url, False
-
-
 class MongoCheckpointStore(CheckpointStore):
     """One document per listener in ``database.collection``; the default store."""
 
@@ -168,7 +132,7 @@ class MongoCheckpointStore(CheckpointStore):
         *,
         unsafe_disable_fencing: bool = False,
     ) -> None:
-        self._client, self._owned = mongo_client(client_or_url)
+        self._client, self._owned = mongo.client(client_or_url, timeout=3.0, socket_timeout=5.0)
         self._fenced = not unsafe_disable_fencing
         self._coll = self._client[database][collection]
 
@@ -176,7 +140,7 @@ class MongoCheckpointStore(CheckpointStore):
         return f"mongo:{self._coll.full_name}"
 
     def load(self, name: str) -> Checkpoint | None:
-        with mongo_errors(f"load checkpoint {name!r}"):
+        with mongo.translate(f"load checkpoint {name!r}"):
             doc = self._coll.find_one({"_id": name})
         if doc is None or doc.get("cluster_time") is None:
             return None
@@ -217,14 +181,14 @@ class MongoCheckpointStore(CheckpointStore):
             "holder": cp.holder,
             "start_after": cp.start_after,
         }
-        with mongo_errors(f"save checkpoint {cp.name!r}"):
+        with mongo.translate(f"save checkpoint {cp.name!r}"):
             if self._fenced_set(cp.name, cp.fencing_token, fields, cp.cluster_time):
                 return
             current = self.load(cp.name)
         raise StaleWriterError(_stale(cp.name, current, cp.fencing_token, cp.cluster_time))
 
     def load_progress(self, name: str) -> dict[str, Any] | None:
-        with mongo_errors(f"load progress {name!r}"):
+        with mongo.translate(f"load progress {name!r}"):
             doc = self._coll.find_one({"_id": name}, {"progress": 1})
         progress = None if doc is None else doc.get("progress")
         return None if progress is None else dict(progress)
@@ -233,14 +197,14 @@ class MongoCheckpointStore(CheckpointStore):
         self, name: str, data: Mapping[str, Any] | None, leadership: Leadership
     ) -> None:
         fields = {"progress": None if data is None else dict(data), "holder": leadership.holder}
-        with mongo_errors(f"save progress {name!r}"):
+        with mongo.translate(f"save progress {name!r}"):
             if self._fenced_set(name, leadership.token, fields, None):
                 return
             current = self.load(name)
         raise StaleWriterError(_stale(name, current, leadership.token, None))
 
     def delete(self, name: str) -> None:
-        with mongo_errors(f"delete checkpoint {name!r}"):
+        with mongo.translate(f"delete checkpoint {name!r}"):
             self._coll.delete_one({"_id": name})
 
     def close(self) -> None:
@@ -253,7 +217,7 @@ class MongoCheckpointStore(CheckpointStore):
 # ARGV[1] mode ("cp" = checkpoint, "progress")   ARGV[2] fencing token
 # ARGV[3] holder   ARGV[4] payload (JSON: resume token, or progress; "" = none)
 # ARGV[5] cluster time seconds   ARGV[6] cluster time increment   ARGV[7] start_after (0/1)
-# ARGV[8] "1" skips the fencing check (singleton.unsafe, tests only)
+# ARGV[8] "1" skips the fencing check (unsafe_disable_fencing: the failover drill only)
 # returns {1} when written, {0, stored_token, stored_t, stored_i} when refused.
 # Cluster times compare as (t, i) pairs; TIME is the server's clock, for display only.
 _SAVE_LUA = """
@@ -275,20 +239,6 @@ else
 end
 return {1}
 """
-
-
-@contextlib.contextmanager
-def _redis_errors(what: str) -> Iterator[None]:
-    import redis.exceptions as re
-
-    try:
-        yield
-    except (re.AuthenticationError, re.NoPermissionError) as exc:
-        raise PermissionDeniedError(f"{what}: Redis refused: {exc}") from exc
-    except (re.ConnectionError, re.TimeoutError) as exc:
-        raise BackendUnavailableError(f"{what}: Redis unavailable: {exc}") from exc
-    except re.RedisError as exc:
-        raise BackendError(f"{what}: {exc}") from exc
 
 
 def _text(value: bytes | str) -> str:
@@ -325,7 +275,7 @@ class RedisCheckpointStore(CheckpointStore):
         return f"redis:{self._ns}"
 
     def load(self, name: str) -> Checkpoint | None:
-        with _redis_errors(f"load checkpoint {name!r}"):
+        with redis_translate(f"load checkpoint {name!r}"):
             raw = self._client.hgetall(self._key(name))
         h = {_text(k): _text(v) for k, v in raw.items()}
         if "ct_t" not in h:
@@ -342,7 +292,7 @@ class RedisCheckpointStore(CheckpointStore):
         )
 
     def _run(self, name: str, args: list[Any]) -> list[int]:
-        with _redis_errors(f"save {args[0]} {name!r}"):
+        with redis_translate(f"save {args[0]} {name!r}"):
             args = [*args, "0" if self._fenced else "1"]
             return [int(x) for x in self._script(keys=[self._key(name)], args=args)]
 
@@ -356,7 +306,7 @@ class RedisCheckpointStore(CheckpointStore):
             raise StaleWriterError(_stale(cp.name, self.load(cp.name), cp.fencing_token, ct))
 
     def load_progress(self, name: str) -> dict[str, Any] | None:
-        with _redis_errors(f"load progress {name!r}"):
+        with redis_translate(f"load progress {name!r}"):
             raw = self._client.hget(self._key(name), "progress")
         if not raw:
             return None
@@ -374,7 +324,7 @@ class RedisCheckpointStore(CheckpointStore):
             raise StaleWriterError(_stale(name, self.load(name), leadership.token, None))
 
     def delete(self, name: str) -> None:
-        with _redis_errors(f"delete checkpoint {name!r}"):
+        with redis_translate(f"delete checkpoint {name!r}"):
             self._client.delete(self._key(name))
 
     def close(self) -> None:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 from bson.timestamp import Timestamp
 from loguru import logger
 
-from listeners.checkpoint import mongo_client, mongo_errors
+from singleton import mongo
 from singleton.errors import LeaseLostError, SingletonError
+from singleton.retry import Backoff
 
 if TYPE_CHECKING:
     from pymongo import MongoClient
@@ -40,7 +41,7 @@ class DeadLetterStore:
         collection: str = "dead_letters",
         gaps_collection: str = "gaps",
     ) -> None:
-        self._client, self._owned = mongo_client(client_or_url)
+        self._client, self._owned = mongo.client(client_or_url, timeout=3.0, socket_timeout=5.0)
         self.dead_letters = self._client[database][collection]
         self.gaps = self._client[database][gaps_collection]
 
@@ -81,7 +82,7 @@ class DeadLetterStore:
             "holder": ctx.leadership.holder,
             "time": datetime.now(timezone.utc),
         }
-        with mongo_errors(f"record in {collection.name} for {ctx.listener_name!r}"):
+        with mongo.translate(f"record in {collection.name} for {ctx.listener_name!r}"):
             collection.insert_one(doc)
 
     def close(self) -> None:
@@ -109,16 +110,14 @@ class PoisonHandler:
         rng: random.Random | None = None,
         stop: threading.Event | None = None,
     ) -> None:
-        self._handle = handle
-        self._store = store
+        self._handle, self._store, self._stop = handle, store, stop
         self.max_retries = max_retries
         self.policy = policy
-        self._backoff = backoff
-        self._max_backoff = max_backoff
-        self._rng = rng or random.Random()
-        self._stop = stop
+        self._backoff = Backoff(backoff, max_backoff, rng=rng)
         #: Events written to the dead-letter store during this handler's life.
         self.dead_lettered = 0
+        #: ``handle`` calls that raised (every failed attempt counts).
+        self.errors = 0
 
     def deliver(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
         """Return once every event was handled or dead-lettered; raise on loss or ``stop``."""
@@ -136,6 +135,7 @@ class PoisonHandler:
         self, events: Sequence[ChangeEvent], ctx: ListenerContext, tries: int
     ) -> tuple[Exception | None, int]:
         error: Exception | None = None
+        self._backoff.reset()  # each run of attempts (a batch, a half, one event) starts low
         for attempt in range(1, tries + 1):
             ctx.check()
             try:
@@ -145,10 +145,10 @@ class PoisonHandler:
                 raise
             except Exception as exc:
                 error = exc
+                self.errors += 1
                 if attempt == tries:
                     break
-                delay = min(self._max_backoff, self._backoff * 2 ** (attempt - 1))
-                delay *= self._rng.uniform(0.5, 1.0)
+                delay = self._backoff.next()
                 logger.warning(
                     "handle_batch failed (attempt {}/{}), retrying in {:.2f}s: listener={} "
                     "events={}: {!r}",

@@ -25,13 +25,23 @@ from singleton.errors import SingletonError
 if TYPE_CHECKING:
     from singleton.service.replica import Replica
 
-#: runner.status() keys exported as metrics: key -> (metric name, help, counter?)
+#: RunnerStatus attributes exported per lease: attribute -> (metric name, help, counter?).
+#: Counters are produced from the start; the gauges once their value exists (after a first batch,
+#: and for the checkpoint age after a first checkpoint too). Declare nothing that has no source.
 RUNNER_METRICS = {
     "events_handled": ("singleton_events_processed", "Change events handled", True),
     "batches": ("singleton_batches_processed", "Batches handled", True),
-    "last_batch_seconds": ("singleton_batch_latency_seconds", "Last batch handling time", False),
-    "checkpoint_age_seconds": ("singleton_checkpoint_age_seconds", "Age of the checkpoint", False),
-    "sink_errors": ("singleton_sink_errors", "Sink errors", True),
+    "last_batch_seconds": (
+        "singleton_batch_latency_seconds",
+        "Seconds the last batch took to deliver, retries included",
+        False,
+    ),
+    "checkpoint_age_seconds": (
+        "singleton_checkpoint_age_seconds",
+        "Cluster-time seconds between the last checkpoint and the newest event seen",
+        False,
+    ),
+    "sink_errors": ("singleton_sink_errors", "handle_batch attempts that raised", True),
     "dead_lettered": ("singleton_dead_letters", "Events dead-lettered", True),
 }
 
@@ -66,10 +76,10 @@ class ReplicaCollector:
             trans.add_metric([h.name, "lost"], stats.losses)
             renew.add_metric([h.name], stats.last_renew_seconds)
             renew_fail.add_metric([h.name], stats.renew_failures)
-            status = h.runner.status() if hasattr(h.runner, "status") else {}
-            for key, family in runner_families.items():
-                value = status.get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
+            status = h.runner.status()
+            for attr, family in runner_families.items():
+                value = getattr(status, attr)
+                if value is not None:  # not known yet (no batch, no checkpoint): no sample
                     family.add_metric([h.name], float(value))
         yield from (leader, token, trans, renew, renew_fail, *runner_families.values())
 

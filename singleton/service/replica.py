@@ -199,6 +199,6 @@ class Replica:
                 "token": None if ld is None else ld.token,
                 "valid_for": None if ld is None else round(ld.remaining(), 3),
             }
-            entry["runner"] = h.runner.status()
+            entry["runner"] = h.runner.status().as_dict()
             out.append(entry)
         return {"identity": self.identity, "listeners": out}

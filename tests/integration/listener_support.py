@@ -1,11 +1,13 @@
 """Shared pieces of the listener tests (no tests here): a recording listener, a checkpoint store
-that records every accepted write, a reference reader of the raw stream, and a runner factory."""
+that records every accepted write, a reference reader of the raw stream, a runner factory, and
+:class:`Scene`, the per-test setup (a client, a fresh database, a recording store, a backend)."""
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pymongo
@@ -15,8 +17,11 @@ from loguru import logger
 from listeners import Checkpoint, ListenerRunner, MongoCheckpointStore
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext
 from listeners.deadletter import DeadLetterStore
+from listeners.status import RunnerState
 from singleton import Elector
 from singleton.abc import LeaseBackend
+from singleton.service.embedded import wait_until
+from singleton.testing import MemoryLeaseBackend
 
 
 def key(event: ChangeEvent) -> str:
@@ -144,6 +149,59 @@ def make_runner(
     )
 
 
+def wait_state(runner: ListenerRunner, *states: RunnerState, timeout: float = 10.0) -> None:
+    """Wait until the runner reports one of ``states``."""
+    wait_until(lambda: runner.status().state in states, timeout, what=" or ".join(states))
+
+
+@dataclass
+class Scene:
+    """One test's world: a client on ``url``, a fresh database, a recording checkpoint store in
+    it, and one in-memory lease backend shared by every runner the test makes."""
+
+    url: str
+    db: str
+    client: pymongo.MongoClient[dict[str, Any]]
+    store: RecordingStore
+    backend: MemoryLeaseBackend = field(default_factory=MemoryLeaseBackend)
+
+    @classmethod
+    def on(cls, url: str, unique: str) -> Scene:
+        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(url, tz_aware=True)
+        db = f"t{unique}"
+        return cls(url, db, client, RecordingStore(client, database=db))
+
+    def coll(self, name: str) -> Any:
+        return self.client[self.db][name]
+
+    def listener(self, collection: str, cls: type[Recorder] = Recorder, **options: Any) -> Recorder:
+        return cls(database=self.db, collection=collection, **options)
+
+    def runner(
+        self, listener: ChangeStreamListener, identity: str = "a", **kw: Any
+    ) -> ListenerRunner:
+        """A runner (not started) on this scene's backend and store."""
+        return make_runner(self.url, self.db, self.backend, listener, identity, self.store, **kw)
+
+
+def handled_by(*listeners: Recorder) -> set[str]:
+    return set().union(*(listener.keys() for listener in listeners))
+
+
+def finish_writes(
+    writer: Writer, since: Timestamp, *listeners: Recorder, at_least: int = 0
+) -> list[str]:
+    """Stop ``writer`` once it made ``at_least`` writes, read the raw stream since ``since`` for
+    reference, and wait until ``listeners`` together handled every event of it; return the
+    reference keys."""
+    wait_until(lambda: writer.ops >= at_least, 20, what=f"{at_least} writes")
+    writer.stop_event.set()
+    writer.join(10)
+    expected = reference(writer.coll, since)
+    wait_until(lambda: set(expected) <= handled_by(*listeners), 30, what="every event handled")
+    return expected
+
+
 class Writer(threading.Thread):
     """Inserts, updates and deletes until stopped; counts its operations."""
 
@@ -184,9 +242,3 @@ class LogCapture:
     def __exit__(self, *exc: object) -> None:
         assert self._id is not None
         logger.remove(self._id)
-
-
-def stopped(runners: Sequence[ListenerRunner]) -> Iterator[None]:
-    yield
-    for r in runners:
-        r.stop()

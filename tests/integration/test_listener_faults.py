@@ -6,19 +6,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import pymongo
 import pytest
 
 from singleton.service.embedded import MongoServer, wait_until
-from singleton.testing import MemoryLeaseBackend
 from tests.integration.listener_support import (
-    Recorder,
-    RecordingStore,
+    Scene,
     Writer,
     assert_monotonic,
-    make_runner,
+    finish_writes,
     now,
-    reference,
+    wait_state,
 )
 
 
@@ -43,56 +40,51 @@ FAULTS = {
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_stream_faults_lose_nothing(fault: str, faulty_mongo: MongoServer, unique: str) -> None:
-    url = faulty_mongo.url
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(url, tz_aware=True)
-    db = f"t{unique}"
-    coll = client[db]["c"]
-    store = RecordingStore(client, database=db)
-    listener = Recorder(database=db, collection="c")
-    runner = make_runner(url, db, MemoryLeaseBackend(), listener, "a", store).start()
-    since = now(client)
-    writer = Writer(coll)
+    scene = Scene.on(faulty_mongo.url, unique)
+    listener = scene.listener("c")
+    runner = scene.runner(listener).start()
+    since = now(scene.client)
+    writer = Writer(scene.coll("c"))
     try:
-        wait_until(lambda: runner.status()["state"] == "streaming", 10, what="streaming")
+        wait_state(runner, "streaming")
         writer.start()
         for _ in range(3):  # three bursts of getMore failures, each more than pymongo's one retry
             seen = len(listener.keys())
             wait_until(lambda s=seen: len(listener.keys()) >= s + 30, 20, what="progress")
             data = {**FAULTS[fault], "failCommands": ["getMore", "aggregate"]}
-            _fail(client, {"times": 3}, **data)
-        wait_until(lambda: runner.status()["reconnects"] >= 1, 20, what="a reconnect")
-        writer.stop_event.set()
-        writer.join(10)
-        _fail(client, "off")
-        expected = reference(coll, since)
-        wait_until(lambda: set(expected) <= set(listener.keys()), 30, what="all handled")
+            _fail(scene.client, {"times": 3}, **data)
+        wait_until(lambda: runner.status().reconnects >= 1, 20, what="a reconnect")
+        _fail(scene.client, "off")
+        expected = finish_writes(writer, since, listener)
     finally:
         writer.stop_event.set()
-        _fail(client, "off")
+        _fail(scene.client, "off")
         runner.stop()
     keys = listener.keys()
     assert not set(expected) - set(keys), "events lost"
     # No event skipped: the handled sequence, duplicates removed, is the stream's order.
     first_seen = list(dict.fromkeys(k for k in keys if k in set(expected)))
     assert first_seen == expected
-    assert_monotonic(store.accepted)
-    assert runner.status()["state"] == "stopped"
+    assert_monotonic(scene.store.accepted)
+    status = runner.status()
+    assert status.state == "stopped"
+    assert status.events_handled >= len(expected) and status.sink_errors == 0
 
 
 def test_permission_error_fails_fast(faulty_mongo: MongoServer, unique: str) -> None:
-    url = faulty_mongo.url
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(url, tz_aware=True)
-    db = f"t{unique}"
-    listener = Recorder(database=db, collection="c")
-    runner = make_runner(url, db, MemoryLeaseBackend(), listener, "a")
-    _fail(client, "alwaysOn", failCommands=["aggregate"], errorCode=13)
+    scene = Scene.on(faulty_mongo.url, unique)
+    runner = scene.runner(scene.listener("c"))
+    _fail(scene.client, "alwaysOn", failCommands=["aggregate"], errorCode=13)
     try:
         runner.start()
-        wait_until(lambda: runner.status()["state"] == "failed", 10, what="failed")
+        wait_state(runner, "failed")
     finally:
-        _fail(client, "off")
+        _fail(scene.client, "off")
         runner.stop()
     status = runner.status()
-    assert "PermissionDeniedError" in status["last_error"]
-    assert "changeStream" in status["last_error"]
-    assert status["reconnects"] == 0
+    assert status.last_error is not None
+    assert "PermissionDeniedError" in status.last_error
+    assert "changeStream" in status.last_error
+    assert status.reconnects == 0
+    assert status.last_outcome is not None
+    assert (status.last_outcome.kind, status.last_outcome.retryable) == ("failed", False)

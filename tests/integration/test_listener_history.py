@@ -6,18 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import pymongo
 import pytest
 
-from listeners import MongoCheckpointStore
 from singleton.service.embedded import MongoServer, wait_until
-from singleton.testing import MemoryLeaseBackend
-from tests.integration.listener_support import (
-    LogCapture,
-    Recorder,
-    SyncingRecorder,
-    make_runner,
-)
+from tests.integration.listener_support import LogCapture, Scene, SyncingRecorder, wait_state
 
 
 @pytest.fixture(scope="module")
@@ -28,20 +20,12 @@ def small_oplog() -> Iterator[MongoServer]:
 
 @pytest.mark.parametrize("policy", ["fail", "resync", "resume_from_now"])
 def test_history_lost_policy_runs_once(policy: str, small_oplog: MongoServer, unique: str) -> None:
-    url = small_oplog.url
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(url, tz_aware=True)
-    db = f"t{unique}"
-    coll = client[db]["events"]
-    store = MongoCheckpointStore(client, database=db)
-    backend = MemoryLeaseBackend()
-
-    def listener() -> SyncingRecorder:
-        return SyncingRecorder(database=db, collection="events", on_history_lost=policy)
-
-    first = listener()
-    runner = make_runner(url, db, backend, first, "a", store).start()
+    scene = Scene.on(small_oplog.url, unique)
+    coll, store = scene.coll("events"), scene.store
+    first = scene.listener("events", SyncingRecorder, on_history_lost=policy)
+    runner = scene.runner(first, "a").start()
     try:
-        wait_until(lambda: runner.status()["state"] == "streaming", 10, what="streaming")
+        wait_state(runner, "streaming")
         coll.insert_many([{"_id": i} for i in range(5)])
         wait_until(lambda: len(first.keys()) == 5, 10, what="5 handled")
     finally:
@@ -51,25 +35,27 @@ def test_history_lost_policy_runs_once(policy: str, small_oplog: MongoServer, un
     for start in range(100, 2100, 500):  # 2,000 writes: the oplog prunes past the checkpoint
         coll.insert_many([{"_id": i} for i in range(start, start + 500)])
 
-    second = listener()
+    second = scene.listener("events", SyncingRecorder, on_history_lost=policy)
     with LogCapture() as logs:
-        runner = make_runner(url, db, backend, second, "b", store).start()
+        runner = scene.runner(second, "b").start()
         try:
             if policy == "fail":
-                wait_until(lambda: runner.status()["state"] == "failed", 10, what="failed")
+                wait_state(runner, "failed")
             else:
-                wait_until(lambda: runner.status()["state"] == "streaming", 10, what="streaming")
+                wait_state(runner, "streaming")
                 coll.insert_many([{"_id": i} for i in range(10_000, 10_005)])
                 wait_until(lambda: len(second.keys()) == 5, 10, what="new writes handled")
         finally:
             runner.stop()
     status = runner.status()
-    assert status["history_lost"] == 1, status
+    assert status.history_lost == 1, status
     lost_logs = [m for m in logs.errors if "history lost" in m]
     assert len(lost_logs) == 1, logs.errors
-    gaps = list(client[db]["gaps"].find())
+    gaps = list(scene.coll("gaps").find())
     if policy == "fail":
-        assert "HistoryLostError" in (status["last_error"] or "") or "oplog" in status["last_error"]
+        assert status.last_error is not None
+        assert "HistoryLostError" in status.last_error or "oplog" in status.last_error
+        assert status.last_outcome is not None and not status.last_outcome.retryable
         assert second.keys() == [] and gaps == []
         after = store.load(first.lease_name)
         assert after is not None and after.cluster_time == saved.cluster_time
@@ -87,9 +73,8 @@ def test_history_lost_policy_runs_once(policy: str, small_oplog: MongoServer, un
 
 @pytest.mark.parametrize("on_poison", ["dead_letter", "stop"])
 def test_poison_event(on_poison: str, mongo_url: str, unique: str) -> None:
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url, tz_aware=True)
-    db = f"t{unique}"
-    listener = Recorder(database=db, collection="p", max_retries=2, on_poison=on_poison)
+    scene = Scene.on(mongo_url, unique)
+    listener = scene.listener("p", max_retries=2, on_poison=on_poison)
     calls = {"n": 0}
 
     def poisoned(event: Any) -> bool:
@@ -99,22 +84,24 @@ def test_poison_event(on_poison: str, mongo_url: str, unique: str) -> None:
         return False
 
     listener.fail = poisoned
-    runner = make_runner(mongo_url, db, MemoryLeaseBackend(), listener, "a").start()
+    runner = scene.runner(listener).start()
     try:
-        wait_until(lambda: runner.status()["state"] == "streaming", 10, what="streaming")
-        client[db]["p"].insert_many([{"_id": i} for i in range(20)])
+        wait_state(runner, "streaming")
+        scene.coll("p").insert_many([{"_id": i} for i in range(20)])
         if on_poison == "stop":
-            wait_until(lambda: runner.status()["state"] == "failed", 10, what="stopped")
+            wait_state(runner, "failed")
         else:
-            wait_until(lambda: runner.status()["dead_lettered"] == 1, 10, what="dead-lettered")
-            client[db]["p"].insert_one({"_id": 20})
+            wait_until(lambda: runner.status().dead_lettered == 1, 10, what="dead-lettered")
+            scene.coll("p").insert_one({"_id": 20})
             wait_until(lambda: len(listener.keys()) == 20, 10, what="the rest handled")
     finally:
         runner.stop()
-    letters = list(client[db]["dead_letters"].find())
+    letters = list(scene.coll("dead_letters").find())
+    status = runner.status()
+    assert status.sink_errors >= 3  # event 7 failed on every one of its 1 + max_retries tries
     if on_poison == "stop":
         assert letters == []
-        assert "PoisonEventError" in runner.status()["last_error"]
+        assert status.last_error is not None and "PoisonEventError" in status.last_error
         assert 7 not in [e["documentKey"]["_id"] for _k, _t, e in listener.handled]
         return
     handled = sorted(e["documentKey"]["_id"] for _k, _t, e in listener.handled)

@@ -5,15 +5,11 @@ standby readiness, and the first start saves its position before handling anythi
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
-import pymongo
 import pytest
 
-from listeners import MongoCheckpointStore
 from singleton.service.embedded import MongoServer, wait_until
-from singleton.testing import MemoryLeaseBackend
-from tests.integration.listener_support import Recorder, RecordingStore, make_runner
+from tests.integration.listener_support import Scene, wait_state
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +20,11 @@ def heartbeat_mongo() -> Iterator[MongoServer]:
 
 
 def test_idle_stream_advances_checkpoint(heartbeat_mongo: MongoServer, unique: str) -> None:
-    url = heartbeat_mongo.url
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(url, tz_aware=True)
-    db = f"t{unique}"
-    client[db]["quiet"].insert_one({"_id": 0})  # the collection exists but stays quiet
-    store = RecordingStore(client, database=db)
-    listener = Recorder(database=db, collection="quiet")
-    runner = make_runner(url, db, MemoryLeaseBackend(), listener, "a", store).start()
+    scene = Scene.on(heartbeat_mongo.url, unique)
+    store = scene.store
+    scene.coll("quiet").insert_one({"_id": 0})  # the collection exists but stays quiet
+    listener = scene.listener("quiet")
+    runner = scene.runner(listener).start()
     try:
         wait_until(lambda: len(store.accepted) >= 1, 10, what="first checkpoint")
         first = store.accepted[0]
@@ -46,22 +40,28 @@ def test_idle_stream_advances_checkpoint(heartbeat_mongo: MongoServer, unique: s
         runner.stop()
     assert listener.keys() == [], "no events were written, none may be handled"
     status = runner.status()
-    assert status["last_checkpoint_cluster_time"] > first.cluster_time
-    assert status["events_handled"] == 0
+    assert status.last_checkpoint_cluster_time is not None
+    assert status.last_checkpoint_cluster_time > first.cluster_time
+    assert status.events_handled == 0
+    # The age compares cluster times only: an idle stream's checkpoint keeps up with it.
+    assert status.checkpoint_age_seconds is not None and status.checkpoint_age_seconds <= 1
+    assert status.as_dict()["last_checkpoint_cluster_time"] == [
+        status.last_checkpoint_cluster_time.time,
+        status.last_checkpoint_cluster_time.inc,
+    ]
 
 
 def test_first_start_saves_position_before_handling(mongo_url: str, unique: str) -> None:
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url, tz_aware=True)
-    db = f"t{unique}"
-    store = RecordingStore(client, database=db)
-    listener = Recorder(database=db, collection="c")
+    scene = Scene.on(mongo_url, unique)
+    listener = scene.listener("c")
     listener.gate.clear()  # handle_batch blocks: the start position must be saved already
-    runner = make_runner(mongo_url, db, MemoryLeaseBackend(), listener, "a", store).start()
+    runner = scene.runner(listener).start()
     try:
-        wait_until(lambda: runner.status()["state"] == "streaming", 10, what="streaming")
-        client[db]["c"].insert_one({"_id": 1})
+        wait_state(runner, "streaming")
+        scene.coll("c").insert_one({"_id": 1})
         wait_until(listener.blocked.is_set, 10, what="handle_batch called")
-        assert len(store.accepted) == 1 and store.accepted[0].resume_token is not None
+        accepted = scene.store.accepted
+        assert len(accepted) == 1 and accepted[0].resume_token is not None
     finally:
         listener.gate.set()
         runner.stop()
@@ -69,14 +69,12 @@ def test_first_start_saves_position_before_handling(mongo_url: str, unique: str)
 
 
 def test_drop_invalidates_and_continues_with_start_after(mongo_url: str, unique: str) -> None:
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url, tz_aware=True)
-    db = f"t{unique}"
-    coll = client[db]["doomed"]
-    store = RecordingStore(client, database=db)
-    listener = Recorder(database=db, collection="doomed")
-    runner = make_runner(mongo_url, db, MemoryLeaseBackend(), listener, "a", store).start()
+    scene = Scene.on(mongo_url, unique)
+    coll, store = scene.coll("doomed"), scene.store
+    listener = scene.listener("doomed")
+    runner = scene.runner(listener).start()
     try:
-        wait_until(lambda: runner.status()["state"] == "streaming", 10, what="streaming")
+        wait_state(runner, "streaming")
         coll.insert_many([{"_id": i} for i in range(3)])
         wait_until(lambda: len(listener.keys()) == 3, 10, what="3 inserts handled")
         coll.drop()
@@ -92,7 +90,7 @@ def test_drop_invalidates_and_continues_with_start_after(mongo_url: str, unique:
         runner.stop()
     ops = [e["operationType"] for _k, _t, e in listener.handled]
     assert ops.count("insert") == 6 and "invalidate" not in ops
-    assert runner.status()["state"] == "stopped"
+    assert runner.status().state == "stopped"
     # The invalidate token was saved with start_after, and later positions moved on from it.
     marks = [i for i, cp in enumerate(store.accepted) if cp.start_after]
     assert marks and marks[0] < len(store.accepted) - 1
@@ -100,30 +98,16 @@ def test_drop_invalidates_and_continues_with_start_after(mongo_url: str, unique:
 
 
 def test_follower_reports_standby_readiness(mongo_url: str, unique: str) -> None:
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url, tz_aware=True)
-    db = f"t{unique}"
-    backend = MemoryLeaseBackend()
-    store = MongoCheckpointStore(client, database=db)
-    leader = make_runner(mongo_url, db, backend, Recorder(database=db, collection="s"), "a", store)
-    leader.start()
-    wait_until(lambda: leader.status()["last_checkpoint_cluster_time"] is not None, 10, what="cp")
-    follower = make_runner(
-        mongo_url,
-        db,
-        backend,
-        Recorder(database=db, collection="s"),
-        "b",
-        store,
-        standby_interval=0.2,
-    ).start()
+    scene = Scene.on(mongo_url, unique)
+    leader = scene.runner(scene.listener("s"), "a").start()
+    wait_until(lambda: leader.status().last_checkpoint_cluster_time is not None, 10, what="cp")
+    follower = scene.runner(scene.listener("s"), "b", standby_interval=0.2).start()
     try:
-        wait_until(
-            lambda: follower.status()["standby"].get("resumable") is True, 10, what="standby ok"
-        )
-        standby = follower.status()["standby"]
+        wait_until(lambda: follower.status().standby.get("resumable") is True, 10, what="ready")
+        standby = follower.status().standby
         assert standby["oplog_window_seconds"] is not None
         assert standby["oplog_headroom_seconds"] >= 0
-        assert leader.status()["standby"] == {"checked_at": None}  # the leader does not check
+        assert leader.status().standby == {"checked_at": None}  # the leader does not check
     finally:
         follower.stop()
         leader.stop()

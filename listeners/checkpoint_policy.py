@@ -1,0 +1,151 @@
+"""When a tenure saves its checkpoint, and which position it saves.
+
+When: after a delivered batch at most every ``interval`` seconds under sustained load (0 = after
+every batch); as soon as the stream catches up; every ``idle_interval`` seconds while an idle
+stream's resume token advances; before a handover; before an invalidate. A crash therefore
+replays at most ``interval`` seconds of handled events, and a planned handover replays nothing.
+
+What: the resume token after the last *delivered* event, with the highest cluster time known for
+it: the token's own, the batch's last event's, the previous checkpoint's. The position never
+moves backwards, even when a token carries no readable time.
+
+Failure model: the tenure may end at any instant. ``ctx.check()`` runs before every write and the
+store fences it by token (:mod:`listeners.checkpoint`), so a paused ex-leader cannot move the
+position after a successor did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from bson.timestamp import Timestamp
+from loguru import logger
+
+from listeners.audit import AuditLog, ts_pair
+from listeners.checkpoint import Checkpoint, CheckpointStore
+from listeners.streams import StartPosition, token_time
+from singleton.clock import Clock
+from singleton.errors import SingletonError
+from singleton.mongo import event_time
+
+if TYPE_CHECKING:
+    from listeners.base import ChangeEvent, ListenerContext
+
+
+class CheckpointPolicy:
+    """The checkpoint of one tenure: the last one saved, the handled-but-unsaved position, and
+    the decisions above. ``on_saved`` is told of every accepted write (for the status)."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        ctx: ListenerContext,
+        *,
+        clock: Clock,
+        interval: float,
+        idle_interval: float,
+        bounded: Callable[[], contextlib.AbstractContextManager[None]],
+        audit: AuditLog | None = None,
+        on_saved: Callable[[Checkpoint], None] = lambda _cp: None,
+    ) -> None:
+        self._store, self._ctx, self._clock = store, ctx, clock
+        self.interval, self.idle_interval = interval, idle_interval
+        self._bounded, self._audit, self._on_saved = bounded, audit, on_saved
+        #: The last checkpoint saved (or loaded): where a reopened stream starts.
+        self.last: Checkpoint | None = None
+        # Handled but not yet saved: (position after the batch, its last event's cluster time).
+        self._pending: tuple[Any, Timestamp | None] | None = None
+        self._last_save = clock.monotonic()
+
+    @property
+    def name(self) -> str:
+        return self._ctx.listener_name
+
+    # -- where to start -------------------------------------------------------------------
+    def load(self) -> Checkpoint | None:
+        with self._bounded():
+            self.last = self._store.load(self.name)
+        return self.last
+
+    def reload(self) -> None:
+        """After a stream failure: pick up the stored checkpoint (kept if unreadable)."""
+        try:
+            with self._bounded():
+                self.last = self._store.load(self.name) or self.last
+        except SingletonError as exc:
+            logger.warning("checkpoint reload failed: listener={}: {}", self.name, exc)
+
+    def resume_position(self, otherwise: StartPosition) -> StartPosition:
+        """Where a reopened stream continues: the last saved checkpoint (events handled after
+        it are replayed), or ``otherwise`` if none was ever saved."""
+        return otherwise if self.last is None else StartPosition.of(self.last)
+
+    # -- when to save ---------------------------------------------------------------------
+    def opened(self, token: Any, at_time: Timestamp | None) -> None:
+        """A stream was opened; ``at_time`` when it is a fresh one, whose start is saved before
+        anything is handled (a successor must never start from a later "now")."""
+        self._pending, self._last_save = None, self._clock.monotonic()
+        if at_time is not None:
+            self.save(token, at_time)
+
+    def handled(self, token: Any, batch: list[ChangeEvent]) -> None:
+        """``batch`` was delivered; ``token`` is the position after it."""
+        self._pending = (token, event_time(batch[-1]))
+
+    def after_batch(self) -> None:
+        """Under load: save the handled position at most every ``interval`` seconds."""
+        if self._pending is not None and self._due(self.interval):
+            self._save_pending(*self._pending)
+
+    def caught_up(self, token: Any) -> None:
+        """The stream is idle at ``token``: save what was handled, or the idle advance."""
+        if self._pending is not None or (
+            self._due(self.idle_interval) and token != self.saved_token
+        ):
+            self._save_pending(token, self._pending_time)
+
+    def handover(self, token: Any) -> None:
+        """Before the lease is released: everything handled is saved, so nothing replays."""
+        if token != self.saved_token:
+            self.save(token, self._pending_time)
+
+    def before_invalidate(self) -> None:
+        if self._pending is not None:
+            self._save_pending(*self._pending)
+
+    # -- what to save ---------------------------------------------------------------------
+    @property
+    def saved_token(self) -> Any:
+        return None if self.last is None else self.last.resume_token
+
+    @property
+    def _pending_time(self) -> Timestamp | None:
+        return None if self._pending is None else self._pending[1]
+
+    def _due(self, interval: float) -> bool:
+        return self._clock.monotonic() - self._last_save >= interval
+
+    def _save_pending(self, token: Any, fallback: Timestamp | None) -> None:
+        self.save(token, fallback)
+        self._pending, self._last_save = None, self._clock.monotonic()
+
+    def save(self, token: Any, fallback: Timestamp | None, *, start_after: bool = False) -> None:
+        """Save ``token`` at the highest cluster time known for it (never backwards)."""
+        times = [t for t in (token_time(token), fallback) if t is not None]
+        if self.last is not None:
+            times.append(self.last.cluster_time)
+        if not times:
+            raise SingletonError(f"listener {self.name!r}: no cluster time for a checkpoint")
+        ld = self._ctx.leadership
+        cp = Checkpoint(self.name, token, max(times), ld.token, ld.holder, start_after=start_after)
+        self._ctx.check()
+        sent = self._audit.now() if self._audit is not None else 0.0
+        with self._bounded():
+            self._store.save(cp)
+        if self._audit is not None:
+            self._audit.record("checkpoint", token=ld.token, ct=ts_pair(cp.cluster_time), sent=sent)
+        self.last = cp
+        self._on_saved(cp)
+        logger.debug("checkpoint: listener={} token={} at={}", self.name, ld.token, cp.cluster_time)

@@ -1,0 +1,180 @@
+"""What a runner reports: its status as a value, and how each tenure ended.
+
+The worker thread writes through a :class:`StatusBoard`; readers (``/status``, ``/metrics``,
+tests) get a :class:`RunnerStatus` snapshot, which never changes under them. The checkpoint's
+age is measured between two cluster times (the checkpoint's and the newest the stream
+delivered), never against this machine's clock, so a skewed or stepped local clock cannot make
+a healthy listener look behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bson.timestamp import Timestamp
+
+from listeners.deadletter import PoisonEventError
+from singleton.errors import HistoryLostError, SinkError
+from singleton.mongo import classify
+
+RunnerState = Literal[
+    "follower", "starting", "syncing", "streaming", "reconnecting", "draining", "failed", "stopped"
+]
+OutcomeKind = Literal["completed", "lost", "failed"]
+
+
+@dataclass(frozen=True)
+class TenureOutcome:
+    """How one tenure ended.
+
+    ``completed``: the tenure handed over cleanly (drained and checkpointed, or stopped).
+    ``lost``: the lease ended under it (expired, taken, or a newer token wrote the checkpoint).
+    ``failed``: the listener or the stream raised; ``retryable`` says whether another tenure
+    could do better (a transient error) or would fail the same way (history lost with policy
+    ``fail``, a poison event with policy ``stop``, a refused permission, a bug).
+    """
+
+    kind: OutcomeKind
+    reason: str
+    retryable: bool
+    fencing_token: int | None = None
+
+    @classmethod
+    def failure(cls, reason: str, exc: BaseException, token: int | None) -> TenureOutcome:
+        """A failed tenure; retryable only when ``exc`` is one another tenure could outlive."""
+        if isinstance(exc, SinkError):
+            retryable = True  # the sink gave up for now; it may be back by the next tenure
+        elif isinstance(exc, (HistoryLostError, PoisonEventError)):
+            retryable = False  # the same position, the same event: it would fail the same way
+        else:
+            retryable = classify(exc) == "transient"
+        return cls("failed", reason, retryable, token)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class RunnerStatus:
+    """A snapshot of one runner (see :meth:`listeners.runner.ListenerRunner.status`)."""
+
+    listener: str
+    state: RunnerState = "follower"
+    leader: bool = False
+    fencing_token: int | None = None
+    #: The position of the last checkpoint this runner saved, and when (wall clock, display).
+    last_checkpoint_cluster_time: Timestamp | None = None
+    last_checkpoint_at: float | None = None
+    #: The newest cluster time the stream delivered (an event, or an idle stream's token).
+    last_seen_cluster_time: Timestamp | None = None
+    events_handled: int = 0
+    batches: int = 0
+    dead_lettered: int = 0
+    #: ``handle_batch`` attempts that raised (each retry counts): the sink's errors.
+    sink_errors: int = 0
+    #: Seconds the last batch took to deliver, retries included.
+    last_batch_seconds: float | None = None
+    history_lost: int = 0
+    reconnects: int = 0
+    last_error: str | None = None
+    last_outcome: TenureOutcome | None = None
+    #: The follower's standby check (``listeners.standby``); ``{"checked_at": None}`` if none ran.
+    standby: dict[str, Any] = field(default_factory=lambda: {"checked_at": None})
+
+    @property
+    def checkpoint_age_seconds(self) -> float | None:
+        """Cluster-time seconds between the last checkpoint and the newest position seen: how
+        much a successor would replay. ``None`` until both are known."""
+        saved, seen = self.last_checkpoint_cluster_time, self.last_seen_cluster_time
+        if saved is None or seen is None:
+            return None
+        return float(max(0, seen.time - saved.time))
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: cluster times as ``[seconds, increment]`` (as in the audit log)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["checkpoint_age_seconds"] = self.checkpoint_age_seconds
+        out["last_outcome"] = None if self.last_outcome is None else self.last_outcome.as_dict()
+        return {key: _jsonable(value) for key, value in out.items()}
+
+    def __getitem__(self, key: str) -> Any:
+        """Read-only mapping access, for callers written against the old dict status
+        (``status()["state"]``); new code reads the attributes."""
+        if key == "checkpoint_age_seconds" or key in self.__dataclass_fields__:
+            return getattr(self, key)
+        raise KeyError(key)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Timestamp):
+        return [int(value.time), int(value.inc)]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+class StatusBoard:
+    """The live, mutable side of :class:`RunnerStatus`: written by the worker thread, read as
+    snapshots (thread-safe)."""
+
+    def __init__(self, listener: str) -> None:
+        self._lock = threading.Lock()
+        self._value = RunnerStatus(listener)
+
+    def set(self, **fields: Any) -> None:
+        with self._lock:
+            self._value = dataclasses.replace(self._value, **fields)
+
+    def count(self, **deltas: int) -> None:
+        """Add ``deltas`` to the named counters."""
+        with self._lock:
+            now = {k: getattr(self._value, k) + v for k, v in deltas.items()}
+            self._value = dataclasses.replace(self._value, **now)
+
+    def seen(self, cluster_time: Timestamp | None) -> None:
+        """The stream got as far as ``cluster_time`` (never moves back)."""
+        with self._lock:
+            self._value = dataclasses.replace(
+                self._value, last_seen_cluster_time=self._later(cluster_time)
+            )
+
+    def delivered(
+        self,
+        events: int,
+        *,
+        dead_lettered: int,
+        errors: int,
+        seconds: float,
+        cluster_time: Timestamp | None,
+    ) -> None:
+        """One batch of ``events`` was delivered (``dead_lettered`` of them as dead letters,
+        after ``errors`` failed tries) in ``seconds``, up to ``cluster_time``: one update."""
+        with self._lock:
+            v = self._value
+            self._value = dataclasses.replace(
+                v,
+                events_handled=v.events_handled + events - dead_lettered,
+                dead_lettered=v.dead_lettered + dead_lettered,
+                sink_errors=v.sink_errors + errors,
+                batches=v.batches + 1,
+                last_batch_seconds=seconds,
+                last_seen_cluster_time=self._later(cluster_time),
+            )
+
+    def _later(self, cluster_time: Timestamp | None) -> Timestamp | None:
+        last = self._value.last_seen_cluster_time
+        if cluster_time is None or (last is not None and last >= cluster_time):
+            return last
+        return cluster_time
+
+    @property
+    def state(self) -> RunnerState:
+        return self._value.state
+
+    def snapshot(self, **live: Any) -> RunnerStatus:
+        """The current value, with ``live`` fields (``leader``, ``standby``) filled in."""
+        with self._lock:
+            return dataclasses.replace(self._value, **live)

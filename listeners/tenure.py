@@ -1,0 +1,336 @@
+"""One tenure's work, start to end: open the stream where the checkpoint says, deliver batches,
+let the checkpoint policy save, recover from stream errors, and end with a :class:`TenureOutcome`.
+
+Failure model: the lease may end at any instant (pause, partition, a stale renew), the stream's
+connection may drop, and the oplog may roll past the saved position. So every MongoDB call is
+bounded by half the renew deadline (:meth:`TenureWorker._bounded`), ``ctx.check()`` runs before
+every ``handle_batch`` and every checkpoint write, transient stream errors reopen the stream from
+the last checkpoint after a backoff (:class:`singleton.retry.Backoff`), and errors that retrying
+cannot fix (history lost, refused permissions, a bug) end the tenure as ``failed``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import pymongo
+from bson.timestamp import Timestamp
+from loguru import logger
+
+from listeners.audit import AuditLog, ts_pair
+from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext, StopReason
+from listeners.checkpoint import CheckpointStore
+from listeners.checkpoint_policy import CheckpointPolicy
+from listeners.deadletter import DeadLetterStore, PoisonEventError, PoisonHandler
+from listeners.status import StatusBoard, TenureOutcome
+from listeners.streams import StartPosition, StreamReader, token_time, watch
+from singleton import mongo
+from singleton.clock import Clock
+from singleton.errors import (
+    HistoryLostError,
+    LeaseLostError,
+    PermissionDeniedError,
+    SingletonError,
+    StaleWriterError,
+)
+from singleton.retry import Backoff
+
+if TYPE_CHECKING:
+    from singleton.leadership import Leadership
+
+
+class Drained(Exception):
+    """The planned handover finished: the last checkpoint is saved."""
+
+
+@dataclass(frozen=True)
+class TenureSettings:
+    """What every tenure of one runner shares (see ``ListenerRunner`` for the meanings)."""
+
+    listener: ChangeStreamListener
+    client: Any
+    checkpoints: CheckpointStore
+    dead_letters: DeadLetterStore
+    clock: Clock
+    max_await_time: float
+    op_timeout: float
+    checkpoint_interval: float
+    idle_checkpoint_interval: float
+    reconnect_backoff: float
+    max_reconnect_backoff: float
+    rng: random.Random
+    audit: AuditLog | None
+
+
+class TenureWorker:
+    """Runs one tenure in the calling thread (:meth:`run`). ``drain`` asks for a handover;
+    ``wake`` is set on a drain or a loss, and cuts any wait short."""
+
+    def __init__(
+        self,
+        settings: TenureSettings,
+        leadership: Leadership,
+        board: StatusBoard,
+        *,
+        drain: threading.Event,
+        wake: threading.Event,
+    ) -> None:
+        self._s = settings
+        self._board = board
+        self._drain, self._wake = drain, wake
+        self.name = settings.listener.lease_name
+        self.ctx = ListenerContext(
+            leadership=leadership,
+            client=settings.client,
+            logger=logger.bind(listener=self.name, token=leadership.token),
+            listener_name=self.name,
+            progress=settings.checkpoints,
+        )
+        self._policy = CheckpointPolicy(
+            settings.checkpoints,
+            self.ctx,
+            clock=settings.clock,
+            interval=settings.checkpoint_interval,
+            idle_interval=settings.idle_checkpoint_interval,
+            bounded=self._bounded,
+            audit=settings.audit,
+            on_saved=lambda cp: board.set(
+                last_checkpoint_cluster_time=cp.cluster_time,
+                last_checkpoint_at=settings.clock.time(),
+            ),
+        )
+        self._backoff = Backoff(
+            settings.reconnect_backoff, settings.max_reconnect_backoff, rng=settings.rng
+        )
+
+    # -- start and end --------------------------------------------------------------------
+    def run(self) -> TenureOutcome:
+        """Lead until the tenure ends; ``on_stop`` always runs. Never raises an ``Exception``."""
+        ld = self.ctx.leadership
+        stop: StopReason = "released"
+        try:
+            if ld.valid():
+                logger.info("listener leading: listener={} token={}", self.name, ld.token)
+                self._board.set(state="starting", fencing_token=ld.token, last_error=None)
+                self._s.listener.on_start(self.ctx)
+                self._lead()
+            # Over before it began (the previous tenure's worker ended late): nothing was done.
+            outcome = TenureOutcome("lost", ld.reason or "expired", True, ld.token)
+        except Exception as exc:
+            stop, outcome = self._ended(exc)
+        try:
+            self._s.listener.on_stop(self.ctx, stop)
+        except Exception:
+            logger.exception("on_stop failed: listener={}", self.name)
+        if self._board.state != "failed":
+            self._board.set(state="follower")
+        logger.info("listener stopped ({}): listener={} token={}", stop, self.name, ld.token)
+        return outcome
+
+    def _ended(self, exc: Exception) -> tuple[StopReason, TenureOutcome]:
+        ld = self.ctx.leadership
+        if isinstance(exc, Drained):
+            return "released", TenureOutcome("completed", "released", True, ld.token)
+        if isinstance(exc, StaleWriterError):
+            logger.error("stale writer, stopping tenure: listener={}: {}", self.name, exc)
+            self._board.set(last_error=str(exc))
+            return "lost", TenureOutcome("lost", f"stale writer: {exc}", True, ld.token)
+        if isinstance(exc, LeaseLostError):
+            reason = ld.reason or "expired"
+            stop: StopReason = "expired" if reason == "expired" else "lost"
+            return stop, TenureOutcome("lost", reason, True, ld.token)
+        if isinstance(exc, HistoryLostError):  # already logged once, at ERROR
+            error = str(exc)
+        else:
+            logger.error("listener failed: listener={} token={}: {!r}", self.name, ld.token, exc)
+            error = f"{type(exc).__name__}: {exc}"
+        self._board.set(state="failed", last_error=error)
+        return "error", TenureOutcome.failure(error, exc, ld.token)
+
+    # -- streaming ------------------------------------------------------------------------
+    def _lead(self) -> NoReturn:
+        cp = self._policy.load()
+        if cp is not None:
+            pos = StartPosition.of(cp)
+        elif self._s.listener.has_initial_sync():
+            pos = self._sync("initial sync")
+        else:
+            pos = StartPosition()
+        while True:
+            self.ctx.check()
+            try:
+                pos = self._stream(pos)
+                self._backoff.reset()
+            except (LeaseLostError, Drained, PoisonEventError):
+                raise
+            except Exception as exc:
+                pos = self._recover(exc, pos)
+
+    def _stream(self, pos: StartPosition) -> StartPosition:
+        """Stream until an invalidate (returns where to continue), a drain, or an error."""
+        fresh = self._cluster_time() if pos.fresh else None
+        with self._bounded():
+            opened = watch(
+                self._s.client,
+                self._s.listener,
+                pos,
+                max_await_time=self._s.max_await_time,
+                at_time=fresh,
+            )
+        with opened as stream:
+            reader = StreamReader(
+                stream, self._s.listener, clock=self._s.clock, bounded=self._bounded
+            )
+            self._board.set(state="streaming")
+            self._policy.opened(reader.resume_token, fresh)
+            while True:
+                self._check_handover(reader)
+                step = reader.read()
+                if step is None:
+                    continue
+                if step.batch:
+                    self._deliver(step.batch, step.token)
+                if step.kind == "full":
+                    self._policy.after_batch()
+                elif step.kind == "idle":
+                    self._board.seen(token_time(step.token))
+                    self._policy.caught_up(step.token)
+                else:
+                    assert step.event is not None
+                    return self._invalidated(step.event)
+
+    def _check_handover(self, reader: StreamReader) -> None:
+        """On a drain: deliver the events in hand, save, and end; on a loss: end."""
+        if self._drain.is_set():
+            batch = reader.in_hand()
+            if batch:
+                self._deliver(batch, reader.resume_token)
+            self._policy.handover(reader.resume_token)
+            raise Drained
+        if self.ctx.leadership.lost.is_set():
+            self.ctx.check()
+
+    def _deliver(self, batch: list[ChangeEvent], token: Any) -> None:
+        """Hand ``batch`` to the listener (retries, dead letters); ``token`` follows it."""
+        handler = PoisonHandler(
+            self._s.listener.handle_batch,
+            self._s.dead_letters,
+            max_retries=self._s.listener.max_retries,
+            policy=self._s.listener.on_poison,
+            rng=self._s.rng,
+        )
+        audit = self._s.audit
+        sent = audit.now() if audit is not None else 0.0
+        started = self._s.clock.monotonic()
+        try:
+            handler.deliver(batch, self.ctx)
+        except BaseException:
+            self._board.count(sink_errors=handler.errors)  # the failed tries count too
+            raise
+        last = mongo.event_time(batch[-1])
+        if audit is not None:
+            audit.record("batch", token=self.ctx.token, n=len(batch), ct=ts_pair(last), sent=sent)
+        self._board.delivered(
+            len(batch),
+            dead_lettered=handler.dead_lettered,
+            errors=handler.errors,
+            seconds=self._s.clock.monotonic() - started,
+            cluster_time=last,
+        )
+        self._policy.handled(token, batch)
+
+    def _invalidated(self, event: ChangeEvent) -> StartPosition:
+        self._policy.before_invalidate()
+        logger.info("stream invalidated: listener={} token={}", self.name, self.ctx.token)
+        self.ctx.check()
+        self._s.listener.on_invalidate(event, self.ctx)
+        self._policy.save(event["_id"], mongo.event_time(event), start_after=True)
+        return StartPosition(start_after=event["_id"])
+
+    def _sync(self, why: str) -> StartPosition:
+        """Take the cluster time first, copy, checkpoint that time, then stream from it."""
+        at = self._cluster_time()
+        logger.info("{} starting: listener={} token={} from={}", why, self.name, self.ctx.token, at)
+        self._board.set(state="syncing")
+        self.ctx.check()
+        self._s.listener.initial_sync(self.ctx)
+        self._policy.save(None, at)
+        logger.info("{} done: listener={} token={}", why, self.name, self.ctx.token)
+        return StartPosition(at_time=at)
+
+    # -- errors ---------------------------------------------------------------------------
+    def _recover(self, exc: Exception, pos: StartPosition) -> StartPosition:
+        """Where to reopen after ``exc``, or raise when retrying cannot help."""
+        kind = mongo.classify(exc)
+        if kind == "history_lost":
+            return self._history_lost(exc)
+        if kind == "permission":
+            if isinstance(exc, SingletonError):  # already translated (a checkpoint store)
+                raise exc
+            raise PermissionDeniedError(
+                f"listener {self.name!r}: MongoDB refused the change stream (check the user's "
+                f"roles: changeStream and find on {self._s.listener.database}): {exc}"
+            ) from exc
+        if kind == "fatal":
+            raise exc
+        self._reconnect_wait(exc)
+        self._policy.reload()
+        return self._policy.resume_position(pos)
+
+    def _history_lost(self, exc: BaseException) -> StartPosition:
+        policy = self._s.listener.on_history_lost
+        last = self._policy.last
+        since = None if last is None else last.cluster_time
+        self._board.count(history_lost=1)
+        logger.error(
+            "change stream history lost: listener={} token={} saved_position={} policy={}: {}",
+            self.name,
+            self.ctx.token,
+            since,
+            policy,
+            exc,
+        )
+        if policy == "fail" or (policy == "resync" and not self._s.listener.has_initial_sync()):
+            raise HistoryLostError(
+                f"listener {self.name!r}: the saved position {since} is no longer in the oplog "
+                f"(policy {policy!r}): {exc}"
+            ) from exc
+        if policy == "resync":
+            return self._sync("resync")
+        now = self._cluster_time()
+        with self._bounded():
+            self._s.dead_letters.record_gap(self.ctx, since, now, f"history lost: {exc}")
+        self._policy.save(None, now)
+        return StartPosition(at_time=now)
+
+    def _reconnect_wait(self, exc: BaseException) -> None:
+        delay = self._backoff.next()
+        self._board.count(reconnects=1)
+        self._board.set(state="reconnecting", last_error=f"{type(exc).__name__}: {exc}")
+        logger.warning(
+            "change stream failed (attempt {}), reopening from the checkpoint in {:.2f}s: "
+            "listener={} token={}: {!r}",
+            self._backoff.attempts,
+            delay,
+            self.name,
+            self.ctx.token,
+            exc,
+        )
+        self._wake.wait(delay)  # a drain or a loss ends the wait at once
+        if self._drain.is_set():
+            raise Drained  # nothing in hand: the last checkpoint stands
+        self.ctx.check()
+
+    # -- bounds ---------------------------------------------------------------------------
+    def _bounded(self) -> contextlib.AbstractContextManager[None]:
+        """Every MongoDB call of the worker (server selection included) ends within half the
+        renew deadline, so a lost lease is noticed in time whatever the network does."""
+        return pymongo.timeout(self._s.op_timeout)
+
+    def _cluster_time(self) -> Timestamp:
+        with self._bounded():
+            return mongo.cluster_time(self._s.client)
