@@ -65,6 +65,12 @@ class LeaseBackend(ABC):
     * **Fencing.** Every successful :meth:`try_acquire` of a name returns a ``token`` strictly
       greater than every token previously granted for that name, forever, including when the
       previous lease expired without being released. Renewal keeps the token.
+    * **Fencing survives losing the store.** A new grant's token is
+      ``max(stored token + 1, the server's clock in milliseconds)``, minted in the same atomic
+      step, so when the store loses its data (a restart without persistence, a dropped
+      collection, a failover that lost the last writes) the next token still exceeds every
+      earlier one, and fenced checkpoints accept the new leader. This holds as long as the
+      server's clock does not step back and a name gets fewer than 1,000 grants a second.
     * **Ownership.** :meth:`renew` and :meth:`release` succeed only if the stored holder *and*
       token equal the lease's; a non-holder can never extend, release or overwrite a lease.
     * **Atomicity.** Each operation is one atomic step on the server (a Lua script, a

@@ -15,6 +15,11 @@ thread, with a watchdog thread that calls :meth:`Election.check_deadline` at the
 while the elector thread hangs inside a backend call. The one wait a step needs, the drain
 bounded by ``release_timeout``, is the driver's too (``run_bounded``), so an asyncio driver
 would reuse these rules rather than copy them.
+
+Never stuck, never silent: a failed call to the store is retried (contending with a capped
+:class:`~singleton.retry.Backoff`), logged (at ERROR, naming the store, when retrying cannot fix
+it) and kept in :attr:`Election.health` (see :mod:`singleton.health`). When the work under a
+lease fails for good, :meth:`Election.resign` ends the tenure at once and releases the lease.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 from loguru import logger
@@ -30,7 +34,8 @@ from loguru import logger
 from singleton.abc import HOLDER_SEPARATOR, Lease, LeaseBackend, LeaseState, identity_of
 from singleton.callbacks import Callbacks
 from singleton.clock import Clock
-from singleton.errors import SingletonError
+from singleton.errors import ConfigurationError, SingletonError
+from singleton.health import ElectorStats, StoreHealth
 from singleton.leadership import Leadership
 from singleton.retry import Backoff
 from singleton.timings import LeaseTimings
@@ -40,25 +45,6 @@ class RunBounded(Protocol):
     """Run ``work`` for at most ``timeout`` seconds; return whether it finished in time."""
 
     def __call__(self, work: Callable[[], None], timeout: float, /) -> bool: ...
-
-
-@dataclass
-class ElectorStats:
-    """Counters for metrics; read without locking (monotone, approximate is fine)."""
-
-    elections: int = 0
-    losses: int = 0
-    #: Renewals answered (confirmed or refused), then those that raised.
-    renewals: int = 0
-    renew_failures: int = 0
-    #: The answered renewals' latency: the sum (for a mean) and the latest.
-    renew_seconds_total: float = 0.0
-    last_renew_seconds: float = 0.0
-
-    def renewed(self, latency: float) -> None:
-        self.renewals += 1
-        self.renew_seconds_total += latency
-        self.last_renew_seconds = latency
 
 
 class Election:
@@ -88,6 +74,7 @@ class Election:
         self.identity = identity
         self.timings = timings
         self.stats = ElectorStats()
+        self.health = StoreHealth(self.stats, f"lease={name} backend={backend.describe()}")
         self._clock = clock
         self._backoff = backoff
         self._callbacks = callbacks
@@ -149,12 +136,51 @@ class Election:
         if ld is not None and not ld.lost.is_set() and not ld.valid():
             self._demote(ld, "expired")
 
-    def crashed(self) -> float:
+    def crashed(self, exc: BaseException) -> float:
         """A step raised (a bug): a leader must not go on unrenewed, so demote; then retry."""
+        self.health.failed(exc)
         ld = self._leadership
         if ld is not None:
             self._demote(ld, "lost")
         return self._backoff.jittered(self.timings.retry_interval)
+
+    def resign(
+        self, cooldown: float, reason: str = "failed", leadership: Leadership | None = None
+    ) -> bool:
+        """End the current tenure now because its work failed for good, and sit out
+        ``cooldown`` seconds before campaigning again.
+
+        The work has already stopped, so there is no drain (``before_release`` is not called):
+        the tenure is demoted with ``reason`` (``on_lost`` fires, on the caller's thread), then
+        the lease is released (conditional on holder and token, as always) so that another
+        replica takes over at once. Returns ``False`` and changes nothing on a follower, or if
+        ``leadership`` is given and is not the current tenure (a late call about an older one).
+        """
+        if isinstance(cooldown, bool) or not isinstance(cooldown, (int, float)):
+            raise ConfigurationError(f"cooldown must be a number of seconds, got {cooldown!r}")
+        if not 0 <= cooldown < float("inf"):
+            raise ConfigurationError(f"cooldown must be finite and >= 0, got {cooldown!r}")
+        if not isinstance(reason, str) or not reason:
+            raise ConfigurationError(f"reason must be a non-empty string, got {reason!r}")
+        with self._lock:
+            ld = self._leadership
+            if ld is None or (leadership is not None and leadership is not ld):
+                return False
+            self._rotate = False
+            # Set before the demotion is visible, so the elector thread cannot contend first.
+            self._cooldown_until = max(self._cooldown_until, self._clock.monotonic() + cooldown)
+        self.stats.resignations += 1
+        logger.warning(
+            "resigning ({}): lease={} identity={} token={}; not contending for {:.2f}s",
+            reason,
+            self.name,
+            self.identity,
+            ld.token,
+            cooldown,
+        )
+        self._demote(ld, reason)
+        self._release(ld)
+        return True
 
     def finish(self, release: bool) -> None:
         """The end of the campaign: hand over a valid tenure (releasing it if ``release``)."""
@@ -175,16 +201,21 @@ class Election:
         try:
             result = self.backend.contend(self.name, self._holder, self.timings.ttl)
         except SingletonError as exc:
+            self.stats.contend_failures += 1
             delay = self._backoff.next()
-            logger.warning(
-                "contend failed (attempt {}), retrying in {:.2f}s: lease={}: {}",
+            transient = self.health.failed(exc)
+            (logger.warning if transient else logger.error)(
+                "contend failed{} (attempt {}), retrying in {:.2f}s: lease={} backend={}: {}",
+                "" if transient else " and retrying will not help: fix the credentials or config",
                 self._backoff.attempts,
                 delay,
                 self.name,
-                exc,
+                self.backend.describe(),
+                self.health.last_error,
             )
             return delay
         self._backoff.reset()
+        self.health.answered()
         if isinstance(result, Lease):
             self._elected(result, sent)
             return 0.0
@@ -214,16 +245,20 @@ class Election:
         except SingletonError as exc:
             self.stats.renew_failures += 1
             retry = min(t.renew_interval, t.retry_interval) / 2
-            logger.warning(
-                "renew failed, retrying in {:.2f}s: lease={} token={} valid_for={:.2f}s: {}",
+            log = logger.warning if self.health.failed(exc) else logger.error
+            log(
+                "renew failed, retrying in {:.2f}s: lease={} token={} valid_for={:.2f}s"
+                " backend={}: {}",
                 retry,
                 self.name,
                 ld.token,
                 ld.remaining(),
-                exc,
+                self.backend.describe(),
+                self.health.last_error,
             )
             self._next_renew = self._clock.monotonic() + retry
             return
+        self.health.answered()
         self.stats.renewed(self._clock.monotonic() - sent)
         if renewed is None:
             self._demote(ld, "lost")
@@ -270,11 +305,22 @@ class Election:
                     ld.token,
                 )
             return
+        self._release(ld)
+
+    def _release(self, ld: Leadership) -> None:
+        """Release an ended tenure's lease; a failure only means it will expire instead."""
         try:
             released = self.backend.release(ld.lease)
         except SingletonError as exc:
-            logger.warning("release failed (lease will expire): lease={}: {}", self.name, exc)
+            log = logger.warning if self.health.failed(exc) else logger.error
+            log(
+                "release failed (lease will expire): lease={} backend={}: {}",
+                self.name,
+                self.backend.describe(),
+                self.health.last_error,
+            )
             return
+        self.health.answered()
         logger.info(
             "released: lease={} identity={} token={} ok={}",
             self.name,
@@ -306,7 +352,7 @@ class Election:
             # to expire, so our next tenure always gets a new, larger fencing token.
             self._holder = self._new_holder()
         self._changed()
-        log = logger.warning if reason in ("expired", "lost") else logger.info
+        log = logger.warning if reason in ("expired", "lost", "failed") else logger.info
         log(
             "demoted ({}): lease={} identity={} token={}",
             reason,

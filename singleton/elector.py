@@ -7,10 +7,10 @@ on a condition until the current tenure's deadline and demotes it then, whatever
 thread is doing.
 
 Threads: one elector thread (contend, renew, rotate) and one watchdog thread per started
-Elector, plus one short-lived thread per drain. Callbacks run on those threads and must return
-quickly; ``before_release`` is the one callback allowed to block, bounded by
-``release_timeout``. Every wait is on an event or a condition with a timeout, so ``stop()``
-wakes them all.
+Elector, plus one short-lived thread per drain. Callbacks run on those threads (``on_lost``
+after :meth:`Elector.resign` on the resigning thread) and must return quickly;
+``before_release`` is the one callback allowed to block, bounded by ``release_timeout``. Every
+wait is on an event or a condition with a timeout, so ``stop()`` wakes them all.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from singleton.callbacks import (
     Subscribers,
 )
 from singleton.clock import SYSTEM_CLOCK, Clock
-from singleton.election import Election, ElectorStats
+from singleton.election import Election
 from singleton.errors import ConfigurationError, SingletonError
+from singleton.health import ElectorStats
 from singleton.leadership import Leadership
 from singleton.retry import Backoff
 from singleton.timings import LeaseTimings
@@ -178,6 +179,19 @@ class Elector:
     def stats(self) -> ElectorStats:
         return self._election.stats
 
+    @property
+    def last_error(self) -> str | None:
+        """The latest failed call to the lease store (type and redacted message, naming the
+        store), or ``None`` once the store has answered since. For status pages."""
+        return self._election.health.last_error
+
+    @property
+    def failing(self) -> bool:
+        """True while the latest call to the store failed with an error that retrying will not
+        fix (refused credentials or permissions, a misconfiguration): this replica cannot lead
+        until an operator acts, though it keeps retrying. For readiness checks."""
+        return self._election.health.failing
+
     def start(self) -> Elector:
         """Start campaigning in background threads. Idempotent."""
         with self._cv:
@@ -219,6 +233,19 @@ class Elector:
         if self._election.rotate():
             self._wake.set()
 
+    def resign(
+        self, cooldown: float, reason: str = "failed", *, leadership: Leadership | None = None
+    ) -> bool:
+        """The work under the lease failed for good: end the tenure now, release the lease so
+        another replica takes over at once, and do not campaign for ``cooldown`` seconds.
+
+        For the thread that ran the work (it has stopped, so ``before_release`` is not called);
+        ``on_lost`` fires with ``reason`` on that thread, and the release is one bounded call to
+        the store. Pass the ``leadership`` the work ran under so that a late call cannot end a
+        newer tenure. Returns whether a tenure was ended (``False`` on a follower).
+        """
+        return self._election.resign(cooldown, reason, leadership)
+
     @contextlib.contextmanager
     def lead(self, timeout: float | None = None) -> Iterator[Leadership]:
         """Block until elected and yield the :class:`Leadership`; on exit, stop and release.
@@ -259,9 +286,9 @@ class Elector:
             while not self._stopping.is_set():
                 try:
                     delay = self.tick()
-                except Exception:  # a bug must not leave a leader running unrenewed
+                except Exception as exc:  # a bug must not leave a leader running unrenewed
                     logger.exception("elector step crashed: lease={}", self.name)
-                    delay = self._election.crashed()
+                    delay = self._election.crashed(exc)
                 if delay > 0:
                     self._wait(delay)
         finally:
@@ -345,4 +372,6 @@ class Elector:
     def __repr__(self) -> str:
         ld = self.leadership
         state = f"leader token={ld.token}" if ld is not None else "follower"
+        if self.failing:
+            state += " failing"
         return f"<Elector {self.name!r} {self.identity!r} {state}>"

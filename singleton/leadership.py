@@ -9,8 +9,9 @@ from singleton.clock import Clock
 from singleton.errors import LeaseLostError
 
 #: Why a tenure ended: a planned rotation, a renew deadline that passed without a confirmed
-#: renewal, the store saying another holder owns it, or ``Elector.stop()``.
-LOSS_REASONS = ("released", "expired", "lost", "stopped")
+#: renewal, the store saying another holder owns it, ``Elector.stop()``, or the work under the
+#: lease failing for good (``Elector.resign()``, whose default reason is ``"failed"``).
+LOSS_REASONS = ("released", "expired", "lost", "stopped", "failed")
 
 
 class Leadership:
@@ -52,7 +53,8 @@ class Leadership:
 
     @property
     def reason(self) -> str | None:
-        """Why the tenure ended (one of ``LOSS_REASONS``), or ``None`` while it lasts."""
+        """Why the tenure ended (one of ``LOSS_REASONS``, or the reason given to
+        ``Elector.resign()``), or ``None`` while it lasts."""
         return self._reason
 
     def valid(self) -> bool:

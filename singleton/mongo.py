@@ -46,6 +46,8 @@ HISTORY_LOST_MESSAGES = (
 #: Unauthorized (13), AuthenticationFailed (18), UserNotFound (11), Atlas "not allowed" (8000),
 #: PasswordExpired/AuthenticationRestrictionUnmet-style refusals (31, 33).
 PERMISSION_CODES = frozenset({11, 13, 18, 31, 33, 8000})
+#: How a refused handshake reads when it is quoted inside a server-selection timeout.
+AUTH_FAILED_MESSAGES = ("authentication failed", "authenticationfailed")
 #: Server answers that mean "try again later" (the spec's resumable and retryable codes, with
 #: CursorNotFound (43) and MaxTimeMSExpired (50): our own bound on every call).
 TRANSIENT_CODES = frozenset(
@@ -93,6 +95,12 @@ def classify(exc: BaseException) -> ErrorKind:
     if isinstance(exc, BackendUnavailableError):
         return "transient"
     if isinstance(exc, PermissionDeniedError):
+        return "permission"
+    if isinstance(exc, pe.ServerSelectionTimeoutError) and any(
+        m in str(exc).lower() for m in AUTH_FAILED_MESSAGES
+    ):
+        # After one failed handshake the driver marks the server unknown with the auth error,
+        # and later calls time out selecting it: the same refusal, not a network problem.
         return "permission"
     if isinstance(exc, (pe.ConnectionFailure, pe.WTimeoutError)) or getattr(exc, "timeout", False):
         return "transient"

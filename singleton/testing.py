@@ -5,7 +5,7 @@ lease backend that keeps the full :class:`~singleton.abc.LeaseBackend` contract.
     backend = MemoryLeaseBackend(clock=clock)
     lease = backend.try_acquire("job", "a/1", ttl=10)
     clock.advance(10)                       # exactly at expiry the lease is free
-    assert backend.try_acquire("job", "b/1", ttl=10).token == lease.token + 1
+    assert backend.try_acquire("job", "b/1", ttl=10).token > lease.token
 """
 
 from __future__ import annotations
@@ -50,10 +50,15 @@ class _Entry:
 
 class MemoryLeaseBackend(LeaseBackend):
     """The contract in one process, with expiry on the injected clock (exact at the boundary:
-    a lease granted at ``t`` with ``ttl`` is live for ``t <= now < t + ttl``)."""
+    a lease granted at ``t`` with ``ttl`` is live for ``t <= now < t + ttl``).
+
+    Tokens are minted like the servers mint them: ``max(counter + 1, clock.time() in ms)``, so
+    after :meth:`reset` (the store losing its data) they still exceed every earlier token.
+    """
 
     def __init__(self, clock: Clock | None = None) -> None:
-        self._clock = clock or SYSTEM_CLOCK
+        #: Plays the server's clock: expiry on ``monotonic()``, token minting on ``time()``.
+        self.clock = clock or SYSTEM_CLOCK
         self._lock = threading.Lock()
         self._leases: dict[str, _Entry] = {}
         self._counters: dict[str, int] = {}
@@ -63,7 +68,7 @@ class MemoryLeaseBackend(LeaseBackend):
 
     def _live(self, name: str) -> _Entry | None:
         entry = self._leases.get(name)
-        if entry is not None and self._clock.monotonic() >= entry.expires_at:
+        if entry is not None and self.clock.monotonic() >= entry.expires_at:
             del self._leases[name]
             return None
         return entry
@@ -72,7 +77,7 @@ class MemoryLeaseBackend(LeaseBackend):
         entry = self._live(name)
         if entry is None:
             return None
-        remaining = entry.expires_at - self._clock.monotonic()
+        remaining = entry.expires_at - self.clock.monotonic()
         return LeaseState(name, entry.holder, entry.token, remaining)
 
     def try_acquire(self, name: str, holder: str, ttl: float) -> Lease | None:
@@ -80,9 +85,9 @@ class MemoryLeaseBackend(LeaseBackend):
         with self._lock:
             self.calls.append(("acquire", name))
             entry = self._live(name)
-            now = self._clock.monotonic()
+            now = self.clock.monotonic()
             if entry is None:
-                token = self._counters.get(name, 0) + 1
+                token = max(self._counters.get(name, 0) + 1, int(self.clock.time() * 1000))
                 self._counters[name] = token
                 self._leases[name] = _Entry(holder, token, now + ttl)
                 return Lease(name, holder, token, ttl)
@@ -99,7 +104,7 @@ class MemoryLeaseBackend(LeaseBackend):
             entry = self._live(lease.name)
             if entry is None or entry.holder != lease.holder or entry.token != lease.token:
                 return None
-            entry.expires_at = self._clock.monotonic() + ttl
+            entry.expires_at = self.clock.monotonic() + ttl
             return Lease(lease.name, lease.holder, lease.token, ttl)
 
     def release(self, lease: Lease) -> bool:
@@ -134,3 +139,10 @@ class MemoryLeaseBackend(LeaseBackend):
         """Forget the live lease of ``name`` without notifying, as a crashed holder's expiry."""
         with self._lock:
             self._leases.pop(name, None)
+
+    def reset(self) -> None:
+        """Lose every lease and fencing counter without notifying, as a store that lost its
+        data (Redis ``FLUSHALL`` or a restart without persistence, a dropped collection)."""
+        with self._lock:
+            self._leases.clear()
+            self._counters.clear()

@@ -4,7 +4,7 @@ One document per lease name in ``<database>.<collection>`` (default ``singleton.
 
     {_id: <name>,            # the lease name
      holder: <str> | null,   # null once released
-     token: <int>,           # fencing counter: +1 on every new grant, never reset by a release
+     token: <int>,           # fencing token: max(token + 1, $$NOW in ms) on every new grant
      expiresAt: <date>,      # server time; a release sets it to the release instant
      acquiredAt: <date>,     # server time of the grant that minted ``token``
      renewedAt: <date>,      # server time of the last grant or renewal
@@ -13,7 +13,12 @@ One document per lease name in ``<database>.<collection>`` (default ``singleton.
 
 Indexes: only the default unique ``_id`` index. There is deliberately no TTL index: the TTL
 monitor runs once a minute, so liveness is ``expiresAt > $$NOW`` evaluated inside each operation.
-Documents are never deleted (the token would restart from 1): drop one only when no replica runs.
+
+Fencing tokens are a hybrid logical clock, as on Redis: a grant takes ``max(token + 1, $$NOW in
+ms)``, in the same ``findOneAndUpdate``. So tokens keep growing even when the document is lost
+(a dropped collection, a restore from an old backup, a failover that rolled back the last
+writes): the next grant starts from the server's clock, above every token minted before, as
+long as that clock does not step back and fewer than 1,000 grants a second are made of a name.
 
 Failure model: replicas' clocks disagree, so every expiry decision compares against ``$$NOW``,
 the server's clock, inside the write itself. Writes use majority write concern; a timeout or a
@@ -80,6 +85,11 @@ _LIVE = {
 }
 
 
+#: A new grant's fencing token: the stored one + 1, or the server's clock in ms if that is more
+#: (a missing document counts as token 0: the clock then still exceeds every earlier token).
+_NEXT_TOKEN = {"$max": [{"$add": [{"$ifNull": ["$token", 0]}, 1]}, NOW_MS]}
+
+
 def _ttl_ms(ttl: float) -> int:
     return max(1, math.ceil(round(ttl * 1000, 6)))
 
@@ -108,7 +118,7 @@ def _contend_pipeline(holder: str, ttl: float) -> list[Doc]:
         {
             "$set": {
                 "holder": {"$cond": [grant, me, "$holder"]},
-                "token": {"$cond": ["$_new", {"$add": [{"$ifNull": ["$token", 0]}, 1]}, "$token"]},
+                "token": {"$cond": ["$_new", _NEXT_TOKEN, "$token"]},
                 "expiresAt": {"$cond": [grant, {"$add": ["$$NOW", _ttl_ms(ttl)]}, "$expiresAt"]},
                 "acquiredAt": {"$cond": ["$_new", "$$NOW", "$acquiredAt"]},
                 "renewedAt": {"$cond": [grant, "$$NOW", "$renewedAt"]},
@@ -187,7 +197,7 @@ class MongoLeaseBackend(ServerLeaseBackend):
                     )
                 break
             except BackendError as exc:
-                # Documents are never deleted, so the second try cannot race an insert again.
+                # Nothing here deletes documents, so the second try meets the inserted one.
                 if attempt == 2 or not isinstance(exc.__cause__, perr.DuplicateKeyError):
                     raise
         if doc is None:  # an upsert always returns the document after; be explicit anyway
@@ -206,7 +216,7 @@ class MongoLeaseBackend(ServerLeaseBackend):
 
     def release(self, lease: Lease) -> bool:
         validate_lease_args(lease.name, lease.holder)
-        # The token stays: the next grant computes token + 1 from it.
+        # The token stays: the next grant computes max(token + 1, now) from it.
         update = [{"$set": {"holder": None, "expiresAt": "$$NOW", "releasedAt": "$$NOW"}}]
         with self._translate("release", lease.name):
             doc = self._coll.find_one_and_update(_owned_by(lease), update, projection={"_id": 1})
@@ -254,6 +264,9 @@ class MongoLeaseBackend(ServerLeaseBackend):
                     self._resume = stream.resume_token
                     if change is not None:
                         self._dispatch(change)
+                    if not stream.alive:  # invalidated: the collection was dropped or renamed
+                        self._resume = None  # nothing to resume after an invalidate
+                        raise perr.PyMongoError("release change stream invalidated")
         except perr.PyMongoError as exc:
             if classify(exc) != "transient":
                 self._resume = None  # history lost or an unresumable stream: start from now

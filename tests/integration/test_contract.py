@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
 from singleton.abc import Lease, LeaseBackend, LeaseState
+from singleton.backends.mongo import MongoLeaseBackend
+from singleton.backends.redis import RedisLeaseBackend
+from singleton.elector import Elector
 from singleton.errors import ConfigurationError
+from singleton.leadership import Leadership
 from singleton.service.embedded import wait_until
 from singleton.testing import MemoryLeaseBackend
+from tests.conftest import BACKENDS
 
 TTL = 5.0
 SHORT = 0.3
@@ -26,6 +33,37 @@ def acquire(backend: LeaseBackend, name: str, holder: str, ttl: float = TTL) -> 
     lease = backend.try_acquire(name, holder, ttl)
     assert lease is not None, f"{holder} could not acquire free lease {name}"
     return lease
+
+
+def lose_all_data(backend: LeaseBackend) -> None:
+    """The store forgets everything, leases and fencing counters alike: Redis ``FLUSHALL`` (as a
+    restart without persistence), a dropped Mongo collection, a reset memory store."""
+    if isinstance(backend, MemoryLeaseBackend):
+        backend.reset()
+    elif isinstance(backend, RedisLeaseBackend):
+        backend._client.flushall()  # every test's keys live under its own namespace
+    elif isinstance(backend, MongoLeaseBackend):
+        backend._client[backend.database].drop_collection(backend.collection)
+    else:
+        raise AssertionError(f"no way to wipe {backend!r}")
+
+
+def store_ms(backend: LeaseBackend) -> int:
+    """The store's own clock, in ms: what it mints tokens from."""
+    if isinstance(backend, MemoryLeaseBackend):
+        return int(backend.clock.time() * 1000)
+    if isinstance(backend, RedisLeaseBackend):
+        seconds, micros = backend._client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+    assert isinstance(backend, MongoLeaseBackend)
+    now: datetime = backend._client.admin.command("hello")["localTime"]
+    return int(now.replace(tzinfo=now.tzinfo or timezone.utc).timestamp() * 1000)
+
+
+def clock_passes(backend: LeaseBackend, token: int) -> None:
+    """Wait until the store's clock passes ``token`` ms, as it has long done when a real store
+    comes back from losing its data: tokens then come from that clock."""
+    wait_until(lambda: store_ms(backend) > token, 10, what=f"the store's clock passing {token}")
 
 
 def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any], threading.Event]:
@@ -203,3 +241,84 @@ def test_bad_arguments_rejected_before_io(
     if isinstance(backend, MemoryLeaseBackend):
         assert backend.calls == []
     assert backend.inspect("job") is None  # nothing was granted on the way
+
+
+def test_tokens_keep_growing_after_the_store_loses_all_its_data(backend: LeaseBackend) -> None:
+    issued = []
+    for holder in ("a/1", "b/1", "a/2"):
+        lease = acquire(backend, "job", holder)
+        issued.append(lease.token)
+        assert backend.release(lease)
+    issued.append(acquire(backend, "job", "b/2").token)  # live when the data is lost
+    lose_all_data(backend)
+    assert backend.inspect("job") is None
+    clock_passes(backend, max(issued))
+    after = acquire(backend, "job", "c/1")
+    assert after.token > max(issued), f"tokens restarted after the loss: {issued} -> {after.token}"
+    again = acquire(backend, "job", "c/1")
+    assert again.token == after.token  # an extension, not a new grant
+    assert backend.release(after)
+    assert acquire(backend, "job", "a/1").token > after.token
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_leader_whose_store_lost_its_data_is_demoted_and_fenced_out(
+    kind: str, backend_factory: Any
+) -> None:
+    """Leader A holds token t; the store loses everything; B acquires with a token above t; A's
+    next renewal is refused, so A stops within a renew interval; A can never release B's lease."""
+    a_backend, b_backend = backend_factory(kind), backend_factory(kind)
+    gate, held_back = threading.Event(), threading.Event()
+    gate.set()
+    answers: list[Lease | None] = []
+    real_renew = a_backend.renew
+
+    def gated_renew(lease: Lease, ttl: float | None = None) -> Lease | None:
+        if not gate.is_set():  # hold A's next renewal until B holds the lease
+            held_back.set()
+            gate.wait(10)
+        answers.append(real_renew(lease, ttl))
+        return answers[-1]
+
+    a_backend.renew = gated_renew  # type: ignore[method-assign]
+    tenures: list[Leadership] = []
+    lost: list[tuple[str, float]] = []
+    elected, demoted = threading.Event(), threading.Event()
+
+    def on_elected(ld: Leadership) -> None:
+        tenures.append(ld)
+        elected.set()
+
+    def on_lost(ld: Leadership, reason: str) -> None:
+        lost.append((reason, time.monotonic()))
+        demoted.set()
+
+    renew_interval = 0.5
+    timings: dict[str, Any] = {"ttl": 3.0, "renew_deadline": 2.0, "retry_interval": 0.2}
+    a = Elector(a_backend, "job", identity="a", renew_interval=renew_interval, **timings)
+    a.subscribe(on_elected=on_elected, on_lost=on_lost)
+    try:
+        a.start()
+        assert elected.wait(10)
+        ld = tenures[0]
+        gate.clear()
+        assert held_back.wait(5), "A never renewed"
+        lose_all_data(b_backend)
+        clock_passes(b_backend, ld.token)
+        b_lease = b_backend.try_acquire("job", "b/1", 30.0)
+        assert b_lease is not None, "the lost lease was not free"
+        assert b_lease.token > ld.token
+        b_acquired = time.monotonic()
+        gate.set()
+        assert demoted.wait(5), "A went on leading after the store lost its lease"
+        assert lost[0][0] == "lost" and answers[-1] is None and not ld.valid()
+        assert lost[0][1] - b_acquired <= renew_interval
+        assert a_backend.release(ld.lease) is False
+        assert a_backend.renew(ld.lease) is None
+        a.stop()  # a follower now: nothing to release
+        state = b_backend.inspect("job")
+        assert state is not None and (state.holder, state.token) == ("b/1", b_lease.token)
+        assert b_backend.release(b_lease)
+    finally:
+        gate.set()
+        a.stop()

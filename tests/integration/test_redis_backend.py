@@ -1,14 +1,13 @@
-"""RedisLeaseBackend beyond the contract: errors, credentials, client ownership, the release
-subscription across a Redis restart, a black-holed leader, and a SIGSTOPped leader process."""
+"""RedisLeaseBackend beyond the contract: errors, credentials (an elector refused by a server
+with ``--requirepass`` says so and backs off), client ownership, the release subscription across
+a Redis restart, a black-holed leader, and a SIGSTOPped leader process."""
 
 from __future__ import annotations
 
-import json
+import itertools
 import os
-import queue
 import signal
-import subprocess
-import sys
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,9 +23,10 @@ from singleton.elector import Elector
 from singleton.errors import BackendUnavailableError, ConfigurationError, PermissionDeniedError
 from singleton.leadership import Leadership
 from singleton.service.embedded import RedisServer, free_port, wait_until
+from tests.integration.leader_child import Child
 from tests.integration.proxy import TcpProxy
+from tests.unit.election_support import captured_logs
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = "s3cr3t-pa55"
 
 
@@ -102,6 +102,55 @@ def test_wrong_password_is_permission_denied(redis_url: str, unique: str) -> Non
         assert SECRET not in str(info.value)
     finally:
         backend.close()
+
+
+class PasswordRedis(RedisServer):
+    """``redis-server --requirepass``; ready once it answers, if only with NOAUTH."""
+
+    def command(self) -> list[str]:
+        assert not self.fake, "redis-server must be on PATH (make sysdeps)"
+        return [*super().command(), "--requirepass", SECRET]
+
+    def ready(self) -> bool:
+        with socket.create_connection((self.host, self.port), timeout=0.5) as s:
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return s.recv(16).startswith(b"-NOAUTH")
+
+
+@pytest.mark.parametrize("creds", ["default:wrong-pa55@", ""], ids=["wrong-password", "none"])
+def test_refused_elector_never_leads_says_why_and_backs_off(creds: str, unique: str) -> None:
+    with PasswordRedis() as server:
+        url = f"redis://{creds}{server.host}:{server.port}/0"
+        backend = RedisLeaseBackend(url, namespace=f"t{unique}")
+        attempts: list[float] = []
+        real = backend.contend
+
+        def timed(name: str, holder: str, ttl: float) -> Any:
+            attempts.append(time.monotonic())
+            return real(name, holder, ttl)
+
+        backend.contend = timed  # type: ignore[method-assign]
+        elector = Elector(backend, "job", ttl=3.0, retry_interval=0.1, jitter=0.0)
+        try:
+            with captured_logs("ERROR") as logs:
+                elector.start()
+                wait_until(lambda: len(attempts) >= 6, 30, what="six refused campaigns")
+                assert elector.failing and elector.last_error is not None
+                last_error = elector.last_error
+        finally:
+            elector.stop(timeout=10)
+            backend.close()
+    assert elector.stats.elections == 0 and elector.stats.fatal_errors >= 6
+    assert last_error.startswith("PermissionDeniedError: ")
+    assert "permission denied" in last_error and f":{server.port}" in last_error, last_error
+    refusals = [msg for level, msg in logs if level == "ERROR" and "contend failed" in msg]
+    assert len(refusals) >= 5, logs  # one ERROR line per retry
+    where = f"{creds.replace('wrong-pa55', '***')}{server.host}:{server.port}"
+    assert all(where in msg for msg in refusals), (where, refusals)
+    assert not [msg for _, msg in logs if "wrong-pa55" in msg or SECRET in msg]
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    # Doubling from retry_interval (jitter 0): 0.1, 0.2, 0.4, 0.8, 1.6 s at least, never a spin.
+    assert all(gap >= 0.1 * 2**i for i, gap in enumerate(gaps[:5])), gaps
 
 
 class SpyRedis(redis.Redis):
@@ -265,55 +314,6 @@ def test_blackholed_leader_demotes_itself_before_successor(
         two.stop(timeout=10)
         far.close()
         near.close()
-
-
-class Child:
-    """The leader_child process and its JSON lines (read by a thread, handed over by a queue)."""
-
-    def __init__(self, url: str, namespace: str, log: Path) -> None:
-        self._log = open(log, "wb")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.leader_child", url, namespace, "job"],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-        )
-        self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(json.loads(line))
-
-    def next(self, event: str, timeout: float = 15) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The next line with ``event``, and every line read up to it."""
-        seen = []
-        deadline = time.monotonic() + timeout
-        while True:
-            line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
-            seen.append(line)
-            if line["event"] == event:
-                return line, seen
-
-    def ask_valid(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("valid?\n")
-        self.proc.stdin.flush()
-        return self.next("valid")
-
-    def close(self) -> None:
-        os.kill(self.proc.pid, signal.SIGCONT)
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()
 
 
 def test_sigstopped_leader_is_invalid_when_it_wakes(
