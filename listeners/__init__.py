@@ -8,6 +8,7 @@ from listeners.checkpoint import (
     CheckpointStore,
     MongoCheckpointStore,
     RedisCheckpointStore,
+    check_deployment,
 )
 from listeners.deadletter import DeadLetterStore, PoisonEventError
 from listeners.elasticsearch import ElasticsearchSync as ElasticsearchSync
@@ -28,4 +29,5 @@ __all__ = [
     "RedisCheckpointStore",
     "RunnerStatus",
     "TenureOutcome",
+    "check_deployment",
 ]

@@ -171,6 +171,23 @@ class ChangeStreamListener:
         assert self.name is not None
         return self.name
 
+    def deployment(self) -> dict[str, str]:
+        """What this listener's checkpoint is for, recorded with it (``CheckpointStore.claim``):
+        a record claimed by another deployment under the same name is refused, never shared.
+        ``listener`` is the class as "module:Class", ``namespace`` "database.collection", and
+        ``sink`` is :meth:`sink_identity`."""
+        cls = type(self)
+        return {
+            "listener": f"{cls.__module__}:{cls.__qualname__}",
+            "namespace": f"{self.database}.{self.collection or '*'}",
+            "sink": self.sink_identity(),
+        }
+
+    def sink_identity(self) -> str:
+        """Where this listener writes, for :meth:`deployment` (for example an index and a
+        redacted host); never a secret. Sinks override it; ``""`` means "not told"."""
+        return ""
+
     # -- what users implement --------------------------------------------------------------
     def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
         """Process ``events`` (oplog order). Return only when they are durably handled: the

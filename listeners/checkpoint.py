@@ -1,27 +1,32 @@
 """Fenced checkpoints: where a listener's stream stands, written only by the current tenure.
 
-Failure model: two runners may believe they lead at once (a paused leader wakes up after its
-lease expired and a successor took over). The store, not the runners, settles it: every write
-carries the writer's fencing token, and the server refuses it atomically (one conditional update,
-one Lua script) when a newer token has written or when the position would move backwards. A
-refused writer gets :class:`~singleton.errors.StaleWriterError` and stops.
+The contract and its failure model are :mod:`listeners.checkpoint_contract` (re-exported here);
+this module holds the two stores: one MongoDB document per listener (conditional updates), one
+Redis hash per listener (Lua scripts).
 """
 
 from __future__ import annotations
 
 import json
-from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from bson import json_util
 from bson.timestamp import Timestamp
 
+from listeners.checkpoint_contract import (
+    Checkpoint,
+    CheckpointStore,
+    Deployment,
+    ResumeToken,
+    check_deployment,
+    deployment_mismatch,
+    stale_message,
+)
 from singleton import mongo
 from singleton.backends.redis import translate as redis_translate
-from singleton.errors import StaleWriterError
+from singleton.errors import ConfigurationError, StaleWriterError
 
 if TYPE_CHECKING:
     import redis
@@ -29,95 +34,20 @@ if TYPE_CHECKING:
 
     from singleton.leadership import Leadership
 
-ResumeToken = Mapping[str, Any]
+__all__ = [
+    "Checkpoint",
+    "CheckpointStore",
+    "Deployment",
+    "MongoCheckpointStore",
+    "RedisCheckpointStore",
+    "ResumeToken",
+    "check_deployment",
+]
 
 
-@dataclass(frozen=True)
-class Checkpoint:
-    """A saved stream position and who saved it.
-
-    ``resume_token`` is ``None`` when only a cluster time is known (right after an initial sync
-    or a resync): the stream then restarts with ``start_at_operation_time=cluster_time``.
-    ``start_after`` marks the token of an invalidate event, which only ``start_after`` accepts.
-    """
-
-    name: str
-    resume_token: ResumeToken | None
-    cluster_time: Timestamp
-    fencing_token: int
-    holder: str
-    updated_at: datetime | None = None
-    start_after: bool = False
-
-
-class CheckpointStore(ABC):
-    """Stores one :class:`Checkpoint` (and optional listener progress) per listener name.
-
-    Invariants every implementation keeps (``tests/unit/test_checkpoint_store.py``):
-
-    * **Fencing.** :meth:`save` succeeds only if ``checkpoint.fencing_token`` is >= the stored
-      fencing token, else raises :class:`~singleton.errors.StaleWriterError`. Progress writes
-      (:meth:`save_progress`) are fenced by the same stored token.
-    * **No regression.** :meth:`save` also refuses (``StaleWriterError``) a ``cluster_time``
-      lower than the stored one. An equal cluster time is accepted: events of one transaction
-      share a cluster time, and an idle stream may re-mint a token at the same time.
-    * **Atomicity.** The check and the write are one server-side step; there is no
-      read-then-write window.
-    * **Errors.** Driver errors never leak (:func:`singleton.mongo.translate`,
-      :func:`singleton.backends.redis.translate`): unreachable, timed out or "try again" ->
-      :class:`~singleton.errors.BackendUnavailableError`; refused credentials ->
-      :class:`~singleton.errors.PermissionDeniedError`; anything else ->
-      :class:`~singleton.errors.BackendError`.
-    * **Ownership.** A store closes only a client it created from a URL.
-    """
-
-    @abstractmethod
-    def load(self, name: str) -> Checkpoint | None:
-        """The saved checkpoint of ``name``, or ``None`` if none was ever saved."""
-
-    @abstractmethod
-    def save(self, checkpoint: Checkpoint) -> None:
-        """Store ``checkpoint`` if fenced and not backwards (see the class invariants)."""
-
-    @abstractmethod
-    def load_progress(self, name: str) -> dict[str, Any] | None:
-        """Listener progress last saved by :meth:`save_progress`, or ``None``."""
-
-    @abstractmethod
-    def save_progress(
-        self, name: str, data: Mapping[str, Any] | None, leadership: Leadership
-    ) -> None:
-        """Store ``data`` (``None`` clears it), fenced by ``leadership.token``."""
-
-    def delete(self, name: str) -> None:
-        """Forget ``name`` entirely (tests and operators; not fenced)."""
-        raise NotImplementedError
-
-    def close(self) -> None:  # noqa: B027 - optional: only stores that own a client close it
-        """Close the client if this store created it."""
-
-    def describe(self) -> str:
-        return type(self).__name__
-
-    def __enter__(self) -> CheckpointStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _stale(name: str, checkpoint: Checkpoint | None, token: int, ct: Timestamp | None) -> str:
-    if checkpoint is None:
-        return f"checkpoint {name!r}: write by token {token} refused"
-    if token < checkpoint.fencing_token:
-        return (
-            f"checkpoint {name!r}: token {token} is older than the stored token "
-            f"{checkpoint.fencing_token} (holder {checkpoint.holder!r})"
-        )
-    return (
-        f"checkpoint {name!r}: position {ct} would move back from {checkpoint.cluster_time} "
-        f"(token {token})"
-    )
+def _sorted(deployment: Deployment) -> dict[str, str]:
+    """One key order, so that stored deployments compare equal as documents and as JSON."""
+    return {k: str(deployment[k]) for k in sorted(deployment)}
 
 
 # -- MongoDB --------------------------------------------------------------------------------
@@ -141,9 +71,13 @@ class MongoCheckpointStore(CheckpointStore):
 
     def load(self, name: str) -> Checkpoint | None:
         with mongo.translate(f"load checkpoint {name!r}"):
-            doc = self._coll.find_one({"_id": name})
+            return self._checkpoint(name, self._coll.find_one({"_id": name}))
+
+    @staticmethod
+    def _checkpoint(name: str, doc: Mapping[str, Any] | None) -> Checkpoint | None:
         if doc is None or doc.get("cluster_time") is None:
             return None
+        deployment = doc.get("deployment")
         return Checkpoint(
             name=name,
             resume_token=doc.get("resume_token"),
@@ -152,6 +86,49 @@ class MongoCheckpointStore(CheckpointStore):
             holder=str(doc.get("holder", "")),
             updated_at=doc.get("updated_at"),
             start_after=bool(doc.get("start_after", False)),
+            deployment=None if deployment is None else dict(deployment),
+        )
+
+    def load_deployment(self, name: str) -> dict[str, str] | None:
+        with mongo.translate(f"load checkpoint {name!r}"):
+            doc = self._coll.find_one({"_id": name}, {"deployment": 1})
+        deployment = None if doc is None else doc.get("deployment")
+        return None if deployment is None else dict(deployment)
+
+    def claim(
+        self, name: str, fencing_token: int, holder: str, deployment: Deployment
+    ) -> Checkpoint | None:
+        import pymongo
+        import pymongo.errors as pe
+
+        ours = _sorted(deployment)
+        cond: dict[str, Any] = {
+            "_id": name,
+            "$and": [{"$or": [{"deployment": None}, {"deployment": ours}]}],
+        }
+        if self._fenced:
+            cond["$and"].append({"fencing_token": {"$lte": fencing_token}})
+        update = {
+            "$set": {"fencing_token": fencing_token, "holder": holder, "deployment": ours},
+            "$currentDate": {"updated_at": True},
+        }
+        after = pymongo.ReturnDocument.AFTER
+        with mongo.translate(f"claim checkpoint {name!r}"):
+            try:
+                doc = self._coll.find_one_and_update(
+                    cond, update, upsert=True, return_document=after
+                )
+            except pe.DuplicateKeyError:  # refused by the stored document, or a racing insert
+                doc = self._coll.find_one_and_update(cond, update, return_document=after)
+            if doc is not None:
+                return self._checkpoint(name, doc)
+            stored = self._coll.find_one({"_id": name}) or {}
+        theirs = stored.get("deployment")
+        if theirs is not None and dict(theirs) != ours:
+            raise ConfigurationError(deployment_mismatch(name, dict(theirs), ours))
+        raise StaleWriterError(
+            f"checkpoint {name!r}: claim by token {fencing_token} refused, the stored token is "
+            f"{stored.get('fencing_token')} (holder {stored.get('holder')!r})"
         )
 
     def _fenced_set(self, name: str, token: int, fields: dict[str, Any], ct: Any) -> bool:
@@ -181,11 +158,13 @@ class MongoCheckpointStore(CheckpointStore):
             "holder": cp.holder,
             "start_after": cp.start_after,
         }
+        if cp.deployment is not None:
+            fields["deployment"] = _sorted(cp.deployment)
         with mongo.translate(f"save checkpoint {cp.name!r}"):
             if self._fenced_set(cp.name, cp.fencing_token, fields, cp.cluster_time):
                 return
             current = self.load(cp.name)
-        raise StaleWriterError(_stale(cp.name, current, cp.fencing_token, cp.cluster_time))
+        raise StaleWriterError(stale_message(cp.name, current, cp.fencing_token, cp.cluster_time))
 
     def load_progress(self, name: str) -> dict[str, Any] | None:
         with mongo.translate(f"load progress {name!r}"):
@@ -201,7 +180,7 @@ class MongoCheckpointStore(CheckpointStore):
             if self._fenced_set(name, leadership.token, fields, None):
                 return
             current = self.load(name)
-        raise StaleWriterError(_stale(name, current, leadership.token, None))
+        raise StaleWriterError(stale_message(name, current, leadership.token, None))
 
     def delete(self, name: str) -> None:
         with mongo.translate(f"delete checkpoint {name!r}"):
@@ -217,7 +196,8 @@ class MongoCheckpointStore(CheckpointStore):
 # ARGV[1] mode ("cp" = checkpoint, "progress")   ARGV[2] fencing token
 # ARGV[3] holder   ARGV[4] payload (JSON: resume token, or progress; "" = none)
 # ARGV[5] cluster time seconds   ARGV[6] cluster time increment   ARGV[7] start_after (0/1)
-# ARGV[8] "1" skips the fencing check (unsafe_disable_fencing: the failover drill only)
+# ARGV[8] deployment (sorted JSON; "" = leave as stored)
+# ARGV[9] "1" skips the fencing check (unsafe_disable_fencing: the failover drill only)
 # returns {1} when written, {0, stored_token, stored_t, stored_i} when refused.
 # Cluster times compare as (t, i) pairs; TIME is the server's clock, for display only.
 _SAVE_LUA = """
@@ -225,7 +205,7 @@ local stored = tonumber(redis.call('HGET', KEYS[1], 'fencing') or '-1')
 local token = tonumber(ARGV[2])
 local st = tonumber(redis.call('HGET', KEYS[1], 'ct_t') or '-1')
 local si = tonumber(redis.call('HGET', KEYS[1], 'ct_i') or '-1')
-if token < stored and ARGV[8] ~= '1' then return {0, stored, st, si} end
+if token < stored and ARGV[9] ~= '1' then return {0, stored, st, si} end
 local now = redis.call('TIME')
 if ARGV[1] == 'cp' then
   local t = tonumber(ARGV[5])
@@ -233,6 +213,7 @@ if ARGV[1] == 'cp' then
   if t < st or (t == st and i < si) then return {0, stored, st, si} end
   redis.call('HSET', KEYS[1], 'fencing', ARGV[2], 'holder', ARGV[3], 'resume', ARGV[4],
     'ct_t', ARGV[5], 'ct_i', ARGV[6], 'start_after', ARGV[7], 'updated', now[1] .. '.' .. now[2])
+  if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'deployment', ARGV[8]) end
 else
   redis.call('HSET', KEYS[1], 'fencing', ARGV[2], 'holder', ARGV[3], 'progress', ARGV[4],
     'updated', now[1] .. '.' .. now[2])
@@ -240,13 +221,37 @@ end
 return {1}
 """
 
+# KEYS[1] checkpoint hash
+# ARGV[1] fencing token   ARGV[2] holder   ARGV[3] deployment (sorted JSON)
+# ARGV[4] "1" skips the fencing check (unsafe_disable_fencing: the failover drill only)
+# returns {"ok", field, value, ...} (the whole hash after the claim: the position is untouched),
+# {"stale", stored_token, stored_holder} or {"deployment", stored_deployment} when refused.
+_CLAIM_LUA = """
+local stored = tonumber(redis.call('HGET', KEYS[1], 'fencing') or '-1')
+if tonumber(ARGV[1]) < stored and ARGV[4] ~= '1' then
+  return {'stale', tostring(stored), redis.call('HGET', KEYS[1], 'holder') or ''}
+end
+local dep = redis.call('HGET', KEYS[1], 'deployment')
+if dep and dep ~= '' and dep ~= ARGV[3] then return {'deployment', dep} end
+local now = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'fencing', ARGV[1], 'holder', ARGV[2], 'deployment', ARGV[3],
+  'updated', now[1] .. '.' .. now[2])
+local out = redis.call('HGETALL', KEYS[1])
+table.insert(out, 1, 'ok')
+return out
+"""
+
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _json(deployment: Deployment) -> str:
+    return json.dumps(_sorted(deployment), sort_keys=True, separators=(",", ":"))
+
+
 class RedisCheckpointStore(CheckpointStore):
-    """One hash per listener at ``{namespace}:checkpoint:{name}``, written by one Lua script."""
+    """One hash per listener at ``{namespace}:checkpoint:{name}``, written by Lua scripts."""
 
     def __init__(
         self,
@@ -267,6 +272,7 @@ class RedisCheckpointStore(CheckpointStore):
             self._client, self._owned = client_or_url, False
         self._ns = namespace
         self._script = self._client.register_script(_SAVE_LUA)
+        self._claim = self._client.register_script(_CLAIM_LUA)
 
     def _key(self, name: str) -> str:
         return f"{self._ns}:checkpoint:{name}"
@@ -277,7 +283,10 @@ class RedisCheckpointStore(CheckpointStore):
     def load(self, name: str) -> Checkpoint | None:
         with redis_translate(f"load checkpoint {name!r}"):
             raw = self._client.hgetall(self._key(name))
-        h = {_text(k): _text(v) for k, v in raw.items()}
+        return self._checkpoint(name, {_text(k): _text(v) for k, v in raw.items()})
+
+    @staticmethod
+    def _checkpoint(name: str, h: Mapping[str, str]) -> Checkpoint | None:
         if "ct_t" not in h:
             return None
         resume = json_util.loads(h["resume"]) if h.get("resume") else None
@@ -289,7 +298,31 @@ class RedisCheckpointStore(CheckpointStore):
             holder=h.get("holder", ""),
             updated_at=datetime.fromtimestamp(float(h["updated"]), timezone.utc),
             start_after=h.get("start_after") == "1",
+            deployment=json.loads(h["deployment"]) if h.get("deployment") else None,
         )
+
+    def load_deployment(self, name: str) -> dict[str, str] | None:
+        with redis_translate(f"load checkpoint {name!r}"):
+            raw = self._client.hget(self._key(name), "deployment")
+        return dict(json.loads(raw)) if raw else None
+
+    def claim(
+        self, name: str, fencing_token: int, holder: str, deployment: Deployment
+    ) -> Checkpoint | None:
+        ours = _json(deployment)
+        args: list[str | int] = [fencing_token, holder, ours, "0" if self._fenced else "1"]
+        with redis_translate(f"claim checkpoint {name!r}"):
+            out = [_text(x) for x in self._claim(keys=[self._key(name)], args=args)]
+        if out[0] == "deployment":
+            raise ConfigurationError(
+                deployment_mismatch(name, json.loads(out[1]), json.loads(ours))
+            )
+        if out[0] == "stale":
+            raise StaleWriterError(
+                f"checkpoint {name!r}: claim by token {fencing_token} refused, the stored token "
+                f"is {out[1]} (holder {out[2]!r})"
+            )
+        return self._checkpoint(name, dict(zip(out[1::2], out[2::2], strict=True)))
 
     def _run(self, name: str, args: list[Any]) -> list[int]:
         with redis_translate(f"save {args[0]} {name!r}"):
@@ -300,10 +333,21 @@ class RedisCheckpointStore(CheckpointStore):
         cp = checkpoint
         payload = "" if cp.resume_token is None else json_util.dumps(dict(cp.resume_token))
         ct = cp.cluster_time
-        args = ["cp", cp.fencing_token, cp.holder, payload, ct.time, ct.inc, int(cp.start_after)]
+        dep = "" if cp.deployment is None else _json(cp.deployment)
+        args = [
+            "cp",
+            cp.fencing_token,
+            cp.holder,
+            payload,
+            ct.time,
+            ct.inc,
+            int(cp.start_after),
+            dep,
+        ]
         result = self._run(cp.name, args)
         if result[0] != 1:
-            raise StaleWriterError(_stale(cp.name, self.load(cp.name), cp.fencing_token, ct))
+            stored = self.load(cp.name)
+            raise StaleWriterError(stale_message(cp.name, stored, cp.fencing_token, ct))
 
     def load_progress(self, name: str) -> dict[str, Any] | None:
         with redis_translate(f"load progress {name!r}"):
@@ -318,10 +362,10 @@ class RedisCheckpointStore(CheckpointStore):
     ) -> None:
         payload = json.dumps(None if data is None else dict(data))
         result = self._run(
-            name, ["progress", leadership.token, leadership.holder, payload, 0, 0, 0]
+            name, ["progress", leadership.token, leadership.holder, payload, 0, 0, 0, ""]
         )
         if result[0] != 1:
-            raise StaleWriterError(_stale(name, self.load(name), leadership.token, None))
+            raise StaleWriterError(stale_message(name, self.load(name), leadership.token, None))
 
     def delete(self, name: str) -> None:
         with redis_translate(f"delete checkpoint {name!r}"):

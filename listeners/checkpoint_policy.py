@@ -5,6 +5,9 @@ every batch); as soon as the stream catches up; every ``idle_interval`` seconds 
 stream's resume token advances; before a handover; before an invalidate. A crash therefore
 replays at most ``interval`` seconds of handled events, and a planned handover replays nothing.
 
+Where a tenure starts: the position its claim returned (:meth:`CheckpointPolicy.claim`), which
+also fences the record against every older tenure.
+
 What: the resume token after the last *delivered* event, with the highest cluster time known for
 it: the token's own, the batch's last event's, the previous checkpoint's. The position never
 moves backwards, even when a token carries no readable time.
@@ -17,6 +20,7 @@ position after a successor did.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +28,7 @@ from bson.timestamp import Timestamp
 from loguru import logger
 
 from listeners.audit import AuditLog, ts_pair
-from listeners.checkpoint import Checkpoint, CheckpointStore
+from listeners.checkpoint import Checkpoint, CheckpointStore, Deployment
 from listeners.streams import StartPosition, token_time
 from singleton.clock import Clock
 from singleton.errors import SingletonError
@@ -32,6 +36,28 @@ from singleton.mongo import event_time
 
 if TYPE_CHECKING:
     from listeners.base import ChangeEvent, ListenerContext
+
+
+class LastSeen:
+    """The newest checkpoint one runner has seen for its name, as leader or as follower (the
+    standby check), kept across its tenures: a claim that then finds none means the checkpoint
+    disappeared (a wiped store), which must not pass for "never started". In memory only: a
+    restarted replica forgets it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cp: Checkpoint | None = None
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        return self._cp
+
+    def saw(self, checkpoint: Checkpoint | None) -> None:
+        if checkpoint is None:
+            return
+        with self._lock:
+            if self._cp is None or checkpoint.cluster_time >= self._cp.cluster_time:
+                self._cp = checkpoint
 
 
 class CheckpointPolicy:
@@ -49,8 +75,10 @@ class CheckpointPolicy:
         bounded: Callable[[], contextlib.AbstractContextManager[None]],
         audit: AuditLog | None = None,
         on_saved: Callable[[Checkpoint], None] = lambda _cp: None,
+        deployment: Deployment | None = None,
     ) -> None:
         self._store, self._ctx, self._clock = store, ctx, clock
+        self._deployment = deployment
         self.interval, self.idle_interval = interval, idle_interval
         self._bounded, self._audit, self._on_saved = bounded, audit, on_saved
         #: The last checkpoint saved (or loaded): where a reopened stream starts.
@@ -64,10 +92,24 @@ class CheckpointPolicy:
         return self._ctx.listener_name
 
     # -- where to start -------------------------------------------------------------------
-    def load(self) -> Checkpoint | None:
+    def claim(self) -> Checkpoint | None:
+        """Start of a tenure: fence the record with this tenure's token and take the position
+        stored at that instant (an older tenure's later writes are refused from now on)."""
+        ld = self._ctx.leadership
+        self._ctx.check()
         with self._bounded():
-            self.last = self._store.load(self.name)
+            self.last = self._store.claim(self.name, ld.token, ld.holder, self._deployment or {})
         return self.last
+
+    def salvage(self) -> None:
+        """The tenure is failing: save what the sink acknowledged, if the tenure still may.
+        Best effort; the failure being reported matters more than this write."""
+        if self._pending is None or not self._ctx.valid():
+            return
+        try:
+            self._save_pending(*self._pending)
+        except Exception as exc:
+            logger.warning("final checkpoint not saved: listener={}: {!r}", self.name, exc)
 
     def reload(self) -> None:
         """After a stream failure: pick up the stored checkpoint (kept if unreadable)."""
@@ -139,7 +181,15 @@ class CheckpointPolicy:
         if not times:
             raise SingletonError(f"listener {self.name!r}: no cluster time for a checkpoint")
         ld = self._ctx.leadership
-        cp = Checkpoint(self.name, token, max(times), ld.token, ld.holder, start_after=start_after)
+        cp = Checkpoint(
+            self.name,
+            token,
+            max(times),
+            ld.token,
+            ld.holder,
+            start_after=start_after,
+            deployment=self._deployment,
+        )
         self._ctx.check()
         sent = self._audit.now() if self._audit is not None else 0.0
         with self._bounded():

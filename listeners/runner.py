@@ -14,6 +14,16 @@ So:
   elector's ``release_timeout``, for the worker to finish the batch in hand and checkpoint, so
   the successor replays nothing;
 * each tenure ends with a :class:`~listeners.status.TenureOutcome`, kept in :meth:`status`.
+
+Never stuck, never silent: a replica never holds a lease while not doing its work. A transient
+failure is retried in place for at most ``failure_budget`` seconds; a permanent one, or a
+transient one past the budget, ends the tenure as ``failed``: what the sink acknowledged is
+checkpointed (if the tenure still may), one ERROR line names the listener, the token and the
+reason, the status turns not ready (:attr:`RunnerStatus.failure`), and the runner resigns the
+lease (``Elector.resign``) for a cooldown that doubles with each consecutive failed tenure
+(jittered, from ``max(ttl, 1 s)`` up to ``max_failure_cooldown``), so that replicas failing the
+same way hand the lease around a few times a minute at most, never in a tight loop. A tenure
+whose checkpoint write is refused (a newer token has written) resigns after ``retry_interval``.
 """
 
 from __future__ import annotations
@@ -27,13 +37,15 @@ from loguru import logger
 from listeners.audit import AuditLog
 from listeners.base import ChangeStreamListener
 from listeners.checkpoint import CheckpointStore, MongoCheckpointStore
+from listeners.checkpoint_policy import LastSeen
 from listeners.deadletter import DeadLetterStore
 from listeners.standby import StandbyChecker
-from listeners.status import RunnerStatus, StatusBoard
+from listeners.status import RunnerStatus, StatusBoard, TenureOutcome
 from listeners.tenure import TenureSettings, TenureWorker
 from singleton import mongo
 from singleton.clock import SYSTEM_CLOCK, Clock
-from singleton.errors import ConfigurationError
+from singleton.errors import ConfigurationError, SingletonError, StaleWriterError
+from singleton.retry import Backoff
 
 if TYPE_CHECKING:
     from pymongo import MongoClient
@@ -65,6 +77,12 @@ class ListenerRunner:
     ``reconnect_backoff`` to ``max_reconnect_backoff`` with jitter. Followers check every
     ``standby_interval`` seconds that the saved token can still be resumed (``None``: never).
     ``audit`` (the failover drill's evidence, see :mod:`listeners.audit`) stays the caller's.
+
+    ``failure_budget`` (default 60 s: longer than a replica-set election or a short partition,
+    short enough that a leader stuck on a dead dependency hands over within a minute) bounds how
+    long transient failures are retried in place before the tenure fails; it is also how long a
+    tenure must stream for its failure count to start over. After a failed tenure the runner
+    sits out a cooldown from ``max(ttl, 1)`` doubling up to ``max_failure_cooldown`` seconds.
     """
 
     def __init__(
@@ -83,6 +101,8 @@ class ListenerRunner:
         max_reconnect_backoff: float = 5.0,
         standby_interval: float | None = 30.0,
         oplog_headroom_warning: float = 0.1,
+        failure_budget: float = 60.0,
+        max_failure_cooldown: float = 300.0,
         seed: int | None = None,
         audit: AuditLog | None = None,
     ) -> None:
@@ -92,6 +112,7 @@ class ListenerRunner:
             idle_checkpoint_interval,
             reconnect_backoff,
             max_reconnect_backoff,
+            failure_budget,
         )
         self.listener, self.elector, self.name = listener, elector, listener.lease_name
         self._client, self._owns_client = mongo.client(
@@ -100,6 +121,12 @@ class ListenerRunner:
         self.checkpoints = checkpoints or MongoCheckpointStore(self._client)
         self.dead_letters = dead_letters or DeadLetterStore(self._client)
         clock = clock or SYSTEM_CLOCK
+        self.failure_budget = failure_budget
+        self.last_seen = LastSeen()
+        rng = random.Random(seed)
+        base = max(elector.ttl, 1.0)
+        self._cooldowns = Backoff(base, max(base, max_failure_cooldown), jitter=0.2, rng=rng)
+        self._refusals = 0  # consecutive tenures whose checkpoint claim or save was refused
         #: What every tenure of this runner shares (read-only).
         self.settings = TenureSettings(
             listener=listener,
@@ -113,8 +140,10 @@ class ListenerRunner:
             idle_checkpoint_interval=idle_checkpoint_interval,
             reconnect_backoff=reconnect_backoff,
             max_reconnect_backoff=max_reconnect_backoff,
-            rng=random.Random(seed),
+            rng=rng,
             audit=audit,
+            failure_budget=failure_budget,
+            last_seen=self.last_seen,
         )
         self._lock = threading.Lock()
         self._tenure: _Tenure | None = None
@@ -129,6 +158,7 @@ class ListenerRunner:
             is_leading=lambda: self.elector.is_leader,
             stopping=self._stopping,
             clock=clock,
+            on_seen=self.last_seen.saw,
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -219,8 +249,62 @@ class ListenerRunner:
                 outcome.reason,
                 outcome.retryable,
             )
+            self._conclude(tenure.ld, worker, outcome)
         finally:
             tenure.done.set()
+
+    def _conclude(self, ld: Leadership, worker: TenureWorker, outcome: TenureOutcome) -> None:
+        """Never hold a lease without doing its work: a failed tenure resigns and says so."""
+        clock = self.settings.clock
+        streamed = worker.streaming_since
+        if streamed is not None:
+            self._refusals = 0
+        if outcome.kind == "completed" or (
+            streamed is not None and clock.monotonic() - streamed >= self.failure_budget
+        ):
+            self._cooldowns.reset()
+        stale = isinstance(worker.error, StaleWriterError)
+        if stale and streamed is None:
+            self._refusals += 1
+        if outcome.kind == "failed" or self._refusals >= 2:
+            # Failed, or refused by the checkpoint store tenure after tenure without ever
+            # streaming (the stored token is ahead of every token the lease store mints).
+            self._fail(ld, worker, outcome)
+        elif stale and not ld.lost.is_set():
+            logger.warning(
+                "checkpoint refused, resigning the lease: listener={} token={}: {}",
+                self.name,
+                ld.token,
+                worker.error,
+            )
+            self._resign(ld, self.elector.retry_interval, "lost")
+
+    def _fail(self, ld: Leadership, worker: TenureWorker, outcome: TenureOutcome) -> None:
+        cooldown = self._cooldowns.next()
+        self._board.set(
+            state="failed",
+            failure=outcome.reason,
+            failed_tenures=self._cooldowns.attempts,
+            cooldown_until=self.settings.clock.monotonic() + cooldown,
+        )
+        bug = worker.error is not None and not isinstance(worker.error, SingletonError)
+        logger.opt(exception=worker.error if bug else None).error(
+            "listener failed, resigning the lease for {:.1f}s: listener={} identity={} token={} "
+            "retryable={} reason={}",
+            cooldown,
+            self.name,
+            self.elector.identity,
+            ld.token,
+            outcome.retryable,
+            outcome.reason,
+        )
+        self._resign(ld, cooldown, "failed")
+
+    def _resign(self, ld: Leadership, cooldown: float, reason: str) -> None:
+        """Give the lease up now, unless the runner is stopping (``stop`` releases it). Passing
+        ``ld`` makes a late call harmless: a newer tenure is not this worker's to end."""
+        if not self._stopping.is_set():
+            self.elector.resign(cooldown, reason, leadership=ld)
 
 
 def _validate(
@@ -229,6 +313,7 @@ def _validate(
     idle_checkpoint_interval: float,
     reconnect_backoff: float,
     max_reconnect_backoff: float,
+    failure_budget: float,
 ) -> None:
     if not 0 < max_await_time <= elector.renew_deadline / 4:
         raise ConfigurationError(
@@ -242,3 +327,5 @@ def _validate(
             f"max_reconnect_backoff, got {idle_checkpoint_interval!r}, "
             f"{reconnect_backoff!r}, {max_reconnect_backoff!r}"
         )
+    if not failure_budget > 0:
+        raise ConfigurationError(f"failure_budget must be > 0 seconds, got {failure_budget!r}")

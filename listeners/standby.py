@@ -33,7 +33,9 @@ CHECK_TIMEOUT = 10.0
 
 
 class StandbyChecker:
-    """Runs the check in its own thread while ``is_leading()`` is false, until ``stopping``."""
+    """Runs the check in its own thread while ``is_leading()`` is false, until ``stopping``.
+    ``on_seen`` is told of every checkpoint found, so that the runner knows one existed (a
+    claim that later finds none reports it as disappeared)."""
 
     def __init__(
         self,
@@ -46,7 +48,9 @@ class StandbyChecker:
         is_leading: Callable[[], bool],
         stopping: threading.Event,
         clock: Clock = SYSTEM_CLOCK,
+        on_seen: Callable[[Checkpoint], None] = lambda _cp: None,
     ) -> None:
+        self._on_seen = on_seen
         self._sources = (client, checkpoints, listener)
         self.interval, self.headroom_warning = interval, headroom_warning
         self._is_leading, self._stopping, self._clock = is_leading, stopping, clock
@@ -94,6 +98,7 @@ class StandbyChecker:
                 "at_risk": False,
             }
             if cp is not None:
+                self._on_seen(cp)
                 self._try_resume(cp, result)
                 self._measure_headroom(cp, result)
                 self._warn(cp, result)

@@ -17,13 +17,18 @@ from typing import Any, Literal
 from bson.timestamp import Timestamp
 
 from listeners.deadletter import PoisonEventError
-from singleton.errors import HistoryLostError, SinkError
+from singleton.errors import HistoryLostError, SingletonError, SinkError
 from singleton.mongo import classify
 
 RunnerState = Literal[
     "follower", "starting", "syncing", "streaming", "reconnecting", "draining", "failed", "stopped"
 ]
 OutcomeKind = Literal["completed", "lost", "failed"]
+
+
+class RetriesExhaustedError(SingletonError):
+    """A transient failure outlasted the runner's ``failure_budget``: the tenure ends (and
+    another may do better), rather than holding the lease while doing nothing."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class TenureOutcome:
     @classmethod
     def failure(cls, reason: str, exc: BaseException, token: int | None) -> TenureOutcome:
         """A failed tenure; retryable only when ``exc`` is one another tenure could outlive."""
-        if isinstance(exc, SinkError):
+        if isinstance(exc, (SinkError, RetriesExhaustedError)):
             retryable = True  # the sink gave up for now; it may be back by the next tenure
         elif isinstance(exc, (HistoryLostError, PoisonEventError)):
             retryable = False  # the same position, the same event: it would fail the same way
@@ -81,6 +86,13 @@ class RunnerStatus:
     reconnects: int = 0
     last_error: str | None = None
     last_outcome: TenureOutcome | None = None
+    #: Why this runner's last tenure failed, while that is the latest word: set when a tenure
+    #: fails (and the lease is resigned), cleared once a later tenure streams. ``None``: ready.
+    failure: str | None = None
+    #: Consecutive failed tenures (each lengthens the cooldown before campaigning again).
+    failed_tenures: int = 0
+    #: Seconds (monotonic clock) until which this runner does not campaign after a failure.
+    cooldown_until: float | None = None
     #: The follower's standby check (``listeners.standby``); ``{"checked_at": None}`` if none ran.
     standby: dict[str, Any] = field(default_factory=lambda: {"checked_at": None})
 
@@ -93,17 +105,31 @@ class RunnerStatus:
             return None
         return float(max(0, seen.time - saved.time))
 
+    @property
+    def ready(self) -> bool:
+        """False while the last tenure's failure stands (``/readyz`` answers 503 with
+        :attr:`failure`): this replica could not do the work the last time it held the lease."""
+        return self.failure is None
+
+    @property
+    def listener_failed(self) -> int:
+        """1 while not :attr:`ready`, else 0: the ``singleton_listener_failed`` gauge."""
+        return 0 if self.ready else 1
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: cluster times as ``[seconds, increment]`` (as in the audit log)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["checkpoint_age_seconds"] = self.checkpoint_age_seconds
+        out["ready"] = self.ready
         out["last_outcome"] = None if self.last_outcome is None else self.last_outcome.as_dict()
         return {key: _jsonable(value) for key, value in out.items()}
 
     def __getitem__(self, key: str) -> Any:
         """Read-only mapping access, for callers written against the old dict status
         (``status()["state"]``); new code reads the attributes."""
-        if key == "checkpoint_age_seconds" or key in self.__dataclass_fields__:
+        if key in ("checkpoint_age_seconds", "ready", "listener_failed"):
+            return getattr(self, key)
+        if key in self.__dataclass_fields__:
             return getattr(self, key)
         raise KeyError(key)
 

@@ -4,9 +4,14 @@ let the checkpoint policy save, recover from stream errors, and end with a :clas
 Failure model: the lease may end at any instant (pause, partition, a stale renew), the stream's
 connection may drop, and the oplog may roll past the saved position. So every MongoDB call is
 bounded by half the renew deadline (:meth:`TenureWorker._bounded`), ``ctx.check()`` runs before
-every ``handle_batch`` and every checkpoint write, transient stream errors reopen the stream from
-the last checkpoint after a backoff (:class:`singleton.retry.Backoff`), and errors that retrying
-cannot fix (history lost, refused permissions, a bug) end the tenure as ``failed``.
+every ``handle_batch`` and every checkpoint write, and a tenure starts by *claiming* the checkpoint
+(fencing it with its token, so a deposed leader's later writes are refused). Transient errors
+(:func:`singleton.mongo.classify`) are retried in place, from the last checkpoint, after a backoff
+(:class:`singleton.retry.Backoff`), for at most ``failure_budget`` seconds of consecutive failure;
+errors that retrying cannot fix (history lost with policy ``fail``, refused permissions, another
+deployment's checkpoint, a poison event with policy ``stop``, any other exception from the
+listener), and transient ones past the budget, end the tenure as ``failed``: the runner then
+resigns the lease and says so (:mod:`listeners.runner`).
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ from loguru import logger
 from listeners.audit import AuditLog, ts_pair
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext, StopReason
 from listeners.checkpoint import CheckpointStore
-from listeners.checkpoint_policy import CheckpointPolicy
+from listeners.checkpoint_policy import CheckpointPolicy, LastSeen
 from listeners.deadletter import DeadLetterStore, PoisonEventError, PoisonHandler
-from listeners.status import StatusBoard, TenureOutcome
+from listeners.status import RetriesExhaustedError, StatusBoard, TenureOutcome
 from listeners.streams import StartPosition, StreamReader, token_time, watch
 from singleton import mongo
 from singleton.clock import Clock
@@ -64,6 +69,8 @@ class TenureSettings:
     max_reconnect_backoff: float
     rng: random.Random
     audit: AuditLog | None
+    failure_budget: float
+    last_seen: LastSeen
 
 
 class TenureWorker:
@@ -98,13 +105,23 @@ class TenureWorker:
             idle_interval=settings.idle_checkpoint_interval,
             bounded=self._bounded,
             audit=settings.audit,
-            on_saved=lambda cp: board.set(
-                last_checkpoint_cluster_time=cp.cluster_time,
-                last_checkpoint_at=settings.clock.time(),
-            ),
+            on_saved=self._saved,
+            deployment=settings.listener.deployment(),
         )
         self._backoff = Backoff(
             settings.reconnect_backoff, settings.max_reconnect_backoff, rng=settings.rng
+        )
+        #: When the current run of transient failures began (``None``: not failing).
+        self._failing_since: float | None = None
+        #: When this tenure first streamed (monotonic), ``None`` if it never did.
+        self.streaming_since: float | None = None
+        #: The exception that ended the tenure, if one did.
+        self.error: Exception | None = None
+
+    def _saved(self, cp: Any) -> None:
+        self._s.last_seen.saw(cp)
+        self._board.set(
+            last_checkpoint_cluster_time=cp.cluster_time, last_checkpoint_at=self._s.clock.time()
         )
 
     # -- start and end --------------------------------------------------------------------
@@ -132,43 +149,54 @@ class TenureWorker:
         return outcome
 
     def _ended(self, exc: Exception) -> tuple[StopReason, TenureOutcome]:
+        """The outcome of the tenure ``exc`` ended; the runner logs it (one line) and acts."""
         ld = self.ctx.leadership
         if isinstance(exc, Drained):
             return "released", TenureOutcome("completed", "released", True, ld.token)
-        if isinstance(exc, StaleWriterError):
-            logger.error("stale writer, stopping tenure: listener={}: {}", self.name, exc)
+        self.error = exc
+        if isinstance(exc, StaleWriterError):  # the store says a newer tenure has written
             self._board.set(last_error=str(exc))
             return "lost", TenureOutcome("lost", f"stale writer: {exc}", True, ld.token)
         if isinstance(exc, LeaseLostError):
             reason = ld.reason or "expired"
             stop: StopReason = "expired" if reason == "expired" else "lost"
             return stop, TenureOutcome("lost", reason, True, ld.token)
-        if isinstance(exc, HistoryLostError):  # already logged once, at ERROR
-            error = str(exc)
-        else:
-            logger.error("listener failed: listener={} token={}: {!r}", self.name, ld.token, exc)
-            error = f"{type(exc).__name__}: {exc}"
+        self._policy.salvage()
+        error = f"{type(exc).__name__}: {exc}"
         self._board.set(state="failed", last_error=error)
         return "error", TenureOutcome.failure(error, exc, ld.token)
 
     # -- streaming ------------------------------------------------------------------------
     def _lead(self) -> NoReturn:
-        cp = self._policy.load()
-        if cp is not None:
-            pos = StartPosition.of(cp)
-        elif self._s.listener.has_initial_sync():
-            pos = self._sync("initial sync")
-        else:
-            pos = StartPosition()
+        pos: StartPosition | None = None  # None: the tenure has not claimed its start yet
         while True:
             self.ctx.check()
             try:
+                if pos is None:
+                    pos = self._start()
                 pos = self._stream(pos)
                 self._backoff.reset()
             except (LeaseLostError, Drained, PoisonEventError):
                 raise
             except Exception as exc:
                 pos = self._recover(exc, pos)
+
+    def _start(self) -> StartPosition:
+        """Claim the checkpoint; start where it stands, or copy first, or notice it vanished."""
+        cp = self._policy.claim()
+        seen = self._s.last_seen.checkpoint
+        self._s.last_seen.saw(cp)
+        if cp is not None:
+            return StartPosition.of(cp)
+        if seen is not None:
+            return self._history_lost(
+                f"checkpoint of {self.name} disappeared: last seen at {seen.cluster_time} "
+                f"token {seen.fencing_token}",
+                seen.cluster_time,
+            )
+        if self._s.listener.has_initial_sync():
+            return self._sync("initial sync")
+        return StartPosition()
 
     def _stream(self, pos: StartPosition) -> StartPosition:
         """Stream until an invalidate (returns where to continue), a drain, or an error."""
@@ -192,6 +220,8 @@ class TenureWorker:
                 step = reader.read()
                 if step is None:
                     continue
+                if self._failing_since is not None or self.streaming_since is None:
+                    self._healthy()
                 if step.batch:
                     self._deliver(step.batch, step.token)
                 if step.kind == "full":
@@ -202,6 +232,15 @@ class TenureWorker:
                 else:
                     assert step.event is not None
                     return self._invalidated(step.event)
+
+    def _healthy(self) -> None:
+        """The stream reads again: the failure budget and the backoff start over, and a failure
+        reported by an earlier tenure no longer stands."""
+        self._failing_since = None
+        self._backoff.reset()
+        if self.streaming_since is None:
+            self.streaming_since = self._s.clock.monotonic()
+            self._board.set(failure=None)
 
     def _check_handover(self, reader: StreamReader) -> None:
         """On a drain: deliver the events in hand, save, and end; on a loss: end."""
@@ -263,11 +302,15 @@ class TenureWorker:
         return StartPosition(at_time=at)
 
     # -- errors ---------------------------------------------------------------------------
-    def _recover(self, exc: Exception, pos: StartPosition) -> StartPosition:
-        """Where to reopen after ``exc``, or raise when retrying cannot help."""
+    def _recover(self, exc: Exception, pos: StartPosition | None) -> StartPosition | None:
+        """Where to reopen after ``exc`` (``None``: claim again), or raise when retrying
+        cannot help or the failure budget is spent."""
         kind = mongo.classify(exc)
         if kind == "history_lost":
-            return self._history_lost(exc)
+            since = None if self._policy.last is None else self._policy.last.cluster_time
+            return self._history_lost(
+                f"change stream history lost: saved position {since}: {exc}", since, exc
+            )
         if kind == "permission":
             if isinstance(exc, SingletonError):  # already translated (a checkpoint store)
                 raise exc
@@ -277,33 +320,38 @@ class TenureWorker:
             ) from exc
         if kind == "fatal":
             raise exc
+        self._spend_budget(exc)
         self._reconnect_wait(exc)
+        if pos is None:
+            return None
         self._policy.reload()
         return self._policy.resume_position(pos)
 
-    def _history_lost(self, exc: BaseException) -> StartPosition:
-        policy = self._s.listener.on_history_lost
-        last = self._policy.last
-        since = None if last is None else last.cluster_time
-        self._board.count(history_lost=1)
-        logger.error(
-            "change stream history lost: listener={} token={} saved_position={} policy={}: {}",
-            self.name,
-            self.ctx.token,
-            since,
-            policy,
-            exc,
-        )
-        if policy == "fail" or (policy == "resync" and not self._s.listener.has_initial_sync()):
-            raise HistoryLostError(
-                f"listener {self.name!r}: the saved position {since} is no longer in the oplog "
-                f"(policy {policy!r}): {exc}"
+    def _spend_budget(self, exc: Exception) -> None:
+        now = self._s.clock.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        elif now - self._failing_since >= self._s.failure_budget:
+            raise RetriesExhaustedError(
+                f"listener {self.name!r}: still failing after {now - self._failing_since:.1f}s "
+                f"(failure_budget {self._s.failure_budget}s): {type(exc).__name__}: {exc}"
             ) from exc
+
+    def _history_lost(
+        self, what: str, since: Timestamp | None, exc: BaseException | None = None
+    ) -> StartPosition:
+        """The saved position cannot be resumed (``what``): apply ``on_history_lost``. Logged
+        at ERROR here when the tenure goes on; a ``fail`` is logged once, by the runner."""
+        policy = self._s.listener.on_history_lost
+        self._board.count(history_lost=1)
+        if policy == "fail" or (policy == "resync" and not self._s.listener.has_initial_sync()):
+            raise HistoryLostError(f"listener {self.name!r}: {what} (policy {policy!r})") from exc
+        logger.error("{}: listener={} token={} policy={}", what, self.name, self.ctx.token, policy)
         if policy == "resync":
             return self._sync("resync")
         now = self._cluster_time()
         with self._bounded():
-            self._s.dead_letters.record_gap(self.ctx, since, now, f"history lost: {exc}")
+            self._s.dead_letters.record_gap(self.ctx, since, now, what)
         self._policy.save(None, now)
         return StartPosition(at_time=now)
 

@@ -5,6 +5,7 @@ that records every accepted write, a reference reader of the raw stream, a runne
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -242,3 +243,28 @@ class LogCapture:
     def __exit__(self, *exc: object) -> None:
         assert self._id is not None
         logger.remove(self._id)
+
+
+FAILED_LINE = re.compile(
+    r"listener failed, resigning the lease for (?P<cooldown>[\d.]+)s: listener=(?P<listener>\S+) "
+    r"identity=(?P<identity>\S+) token=(?P<token>\d+) retryable=(?P<retryable>\w+) "
+    r"reason=(?P<reason>.*)"
+)
+
+
+def failed_lines(logs: LogCapture) -> list[dict[str, str]]:
+    """The runner's one-line failure reports; every ERROR must be one of them."""
+    found = [FAILED_LINE.match(m) for m in logs.errors]
+    assert all(found), f"an ERROR that is not a failure report: {logs.errors}"
+    return [m.groupdict() for m in found if m is not None]
+
+
+def wait_resigned(scene: Scene, runner: ListenerRunner, timeout: float = 10.0) -> None:
+    """The runner reports its failure and no longer holds the lease."""
+
+    def resigned() -> bool:
+        held = scene.backend.inspect(runner.name)
+        mine = held is not None and held.holder == runner.elector.holder
+        return runner.status().failure is not None and not runner.elector.is_leader and not mine
+
+    wait_until(resigned, timeout, what="failure reported and lease released")

@@ -78,10 +78,12 @@ def test_permission_error_fails_fast(faulty_mongo: MongoServer, unique: str) -> 
     try:
         runner.start()
         wait_state(runner, "failed")
+        wait_until(lambda: not runner.elector.is_leader, 5, what="the lease resigned")
     finally:
         _fail(scene.client, "off")
         runner.stop()
     status = runner.status()
+    assert not status.ready and status.failure is not None and "changeStream" in status.failure
     assert status.last_error is not None
     assert "PermissionDeniedError" in status.last_error
     assert "changeStream" in status.last_error

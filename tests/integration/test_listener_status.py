@@ -45,7 +45,8 @@ def test_status_feeds_every_declared_metric(mongo_url: str, unique: str) -> None
     assert samples["singleton_events_processed_total"] == 10
     assert samples["singleton_sink_errors_total"] == 0
     assert status.last_batch_seconds is not None and status.last_batch_seconds >= 0
-    assert status.leader and status.fencing_token == 1
+    assert status.leader and status.fencing_token is not None
+    assert status.ready and status.listener_failed == 0 and status.failure is None
 
 
 def test_as_dict_is_json_with_the_status_keys(mongo_url: str, unique: str) -> None:
@@ -59,7 +60,7 @@ def test_as_dict_is_json_with_the_status_keys(mongo_url: str, unique: str) -> No
     keys = (
         "listener state leader fencing_token last_checkpoint_cluster_time last_checkpoint_at "
         "events_handled batches dead_lettered history_lost reconnects last_error standby "
-        "last_outcome checkpoint_age_seconds"
+        "last_outcome checkpoint_age_seconds ready failure failed_tenures"
     )
     for key in keys.split():
         assert key in body, key
@@ -68,5 +69,6 @@ def test_as_dict_is_json_with_the_status_keys(mongo_url: str, unique: str) -> No
         "kind": "completed",
         "reason": "released",
         "retryable": True,
-        "fencing_token": 1,
+        "fencing_token": body["fencing_token"],
     }
+    assert body["ready"] is True and body["failure"] is None

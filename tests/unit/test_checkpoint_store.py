@@ -5,6 +5,7 @@ Then the checkpoint policy (when a tenure saves, and which position) on a fake c
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from contextlib import nullcontext
 from typing import Any
@@ -19,11 +20,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from loguru import logger
 
 from listeners import Checkpoint, CheckpointStore, MongoCheckpointStore, RedisCheckpointStore
-from listeners.base import ListenerContext
+from listeners.base import ChangeStreamListener, ListenerContext
+from listeners.checkpoint import check_deployment
 from listeners.checkpoint_policy import CheckpointPolicy
 from listeners.streams import token_time
 from singleton.abc import Lease
-from singleton.errors import LeaseLostError, StaleWriterError
+from singleton.errors import ConfigurationError, LeaseLostError, StaleWriterError
 from singleton.leadership import Leadership
 from singleton.testing import FakeClock
 
@@ -34,6 +36,9 @@ class _Writer:
     def __init__(self, token: int) -> None:
         self.token = token
         self.holder = f"w{token}"
+
+
+DEPLOYMENT = {"listener": "tests:L", "namespace": "d.c", "sink": ""}
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -68,6 +73,26 @@ class StoreMachine(RuleBasedStateMachine):
             f"accepted a stale or backward write {cp} over {self.fencing}/{self.position}"
         )
         self.fencing, self.position, self.token = writer, ct, token
+
+    @rule(writer=st.integers(1, 5))
+    def claim(self, writer: int) -> None:
+        try:
+            found = self.store.claim(self.name, writer, f"w{writer}", DEPLOYMENT)
+        except StaleWriterError:
+            assert writer < self.fencing, f"claim by {writer} refused over {self.fencing}"
+            return
+        assert writer >= self.fencing, f"claim by {writer} accepted over {self.fencing}"
+        self.fencing = writer
+        if self.position is None:
+            assert found is None
+        else:  # the position as stored at the claim, now fenced by the claimer
+            assert found is not None
+            assert (found.cluster_time, found.resume_token, found.fencing_token) == (
+                self.position,
+                self.token,
+                writer,
+            )
+            assert found.deployment == DEPLOYMENT
 
     @rule(writer=st.integers(1, 5), value=st.none() | st.integers(0, 9))
     def save_progress(self, writer: int, value: int | None) -> None:
@@ -117,6 +142,72 @@ def test_redis_checkpoint_store_contract(redis_url: str, unique: str) -> None:
     _run(RedisCheckpointStore(redis.Redis.from_url(redis_url), namespace=f"t{unique}"))
 
 
+class _One(ChangeStreamListener):
+    database = "shop"
+    name = "shared"
+
+
+class _Two(ChangeStreamListener):
+    database = "shop"
+    name = "shared"
+
+
+def _stores(mongo_url: str, redis_url: str, unique: str) -> list[CheckpointStore]:
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url, tz_aware=True)
+    return [
+        MongoCheckpointStore(client, database=f"t{unique}"),
+        RedisCheckpointStore(redis.Redis.from_url(redis_url), namespace=f"t{unique}"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "differs"),
+    [
+        (_One(collection="orders"), _One(collection="invoices"), "shop.invoices"),
+        (_One(collection="orders"), _Two(collection="orders"), "_Two"),
+    ],
+    ids=["same-name-other-collection", "same-collection-other-class"],
+)
+def test_a_checkpoint_of_another_deployment_is_refused(
+    first: ChangeStreamListener,
+    second: ChangeStreamListener,
+    differs: str,
+    mongo_url: str,
+    redis_url: str,
+    unique: str,
+) -> None:
+    for store in _stores(mongo_url, redis_url, unique):
+        store.claim("shared", 1, "a", first.deployment())
+        store.save(Checkpoint("shared", None, Timestamp(5, 0), 1, "a"))
+        check_deployment(store, first)  # its own: fine
+        with pytest.raises(ConfigurationError) as startup:
+            check_deployment(store, second)
+        with pytest.raises(ConfigurationError) as claim:
+            store.claim("shared", 2, "b", second.deployment())
+        for message in (str(startup.value), str(claim.value)):
+            assert "shop.orders" in message and differs in message, message  # both sides named
+        cp = store.load("shared")  # the refused claim changed nothing
+        assert cp is not None and (cp.fencing_token, cp.holder) == (1, "a")
+        assert store.load_deployment("shared") == first.deployment()
+        assert store.claim("shared", 2, "b", first.deployment()) == dataclasses.replace(
+            cp,
+            fencing_token=2,
+            holder="b",
+            updated_at=store.load("shared").updated_at,  # type: ignore[union-attr]
+        )
+
+
+def test_a_record_without_deployment_is_adopted(
+    mongo_url: str, redis_url: str, unique: str
+) -> None:
+    for store in _stores(mongo_url, redis_url, unique):
+        store.save(Checkpoint("old", None, Timestamp(5, 0), 1, "a"))  # written before deployments
+        check_deployment(store, _One(collection="orders", name="old"))
+        found = store.claim("old", 2, "b", {"listener": "x:Y", "namespace": "d.c", "sink": ""})
+        assert found is not None and found.cluster_time == Timestamp(5, 0)
+        assert store.load_deployment("old") == {"listener": "x:Y", "namespace": "d.c", "sink": ""}
+
+
 def test_store_owns_only_what_it_creates(mongo_url: str, redis_url: str) -> None:
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
     MongoCheckpointStore(client).close()
@@ -147,6 +238,9 @@ class _ListStore(CheckpointStore):
 
     def load(self, name: str) -> Checkpoint | None:
         return self.saved[-1] if self.saved else None
+
+    def claim(self, name: str, fencing_token: int, holder: str, deployment: Any) -> Any:
+        return self.load(name)
 
     def save(self, checkpoint: Checkpoint) -> None:
         self.saved.append(checkpoint)
