@@ -5,7 +5,8 @@ paths carry no instrumentation cost and there is no global registry.
 
 * ``/metrics``: Prometheus text format.
 * ``/healthz``: 200 while the process is alive and its lease store answers.
-* ``/readyz``: 200 once every listener is either leading or a standby whose store answers.
+* ``/readyz``: 200 once every listener is either leading or a standby whose store answers;
+  503 naming each listener whose last tenure failed (and why), or whose lease store refuses us.
 * ``/status``: the replica's local view as JSON.
 """
 
@@ -43,6 +44,16 @@ RUNNER_METRICS = {
     ),
     "sink_errors": ("singleton_sink_errors", "handle_batch attempts that raised", True),
     "dead_lettered": ("singleton_dead_letters", "Events dead-lettered", True),
+    "listener_failed": (
+        "singleton_listener_failed",
+        "1 while this replica's last tenure of the lease failed (it resigned and cools down)",
+        False,
+    ),
+    "failed_tenures": (
+        "singleton_failed_tenures",
+        "Consecutive failed tenures of the lease on this replica",
+        False,
+    ),
 }
 
 
@@ -154,4 +165,7 @@ class MetricsServer(ThreadingHTTPServer):
     def ready(self) -> tuple[bool, str]:
         if self.replica.started_at is None:
             return False, "starting"
+        problems = self.replica.problems()
+        if problems:
+            return False, "; ".join(problems)
         return self.health()

@@ -19,12 +19,12 @@ from loguru import logger
 
 from listeners.audit import AuditLog
 from listeners.base import ChangeStreamListener
-from listeners.checkpoint import CheckpointStore
+from listeners.checkpoint import CheckpointStore, check_deployment
 from listeners.runner import ListenerRunner
 from singleton import mongo
 from singleton.abc import LeaseBackend
 from singleton.elector import Elector, default_identity
-from singleton.errors import ConfigurationError, SingletonError
+from singleton.errors import BackendUnavailableError, ConfigurationError, SingletonError
 from singleton.service.config import Config, ListenerConfig, TestSwitches
 from singleton.service.registry import listener_kind, make_backend, make_checkpoint_store
 
@@ -104,6 +104,7 @@ class Replica:
         self.checkpoints = make_checkpoint_store(
             self.config, self.mongo, unsafe_disable_fencing=unsafe
         )
+        self._check_deployments(self.checkpoints)
         if self.switches.audit_file:
             self._audit = AuditLog(self.switches.audit_file, self.identity)
         timings = self.config.lease.timings()
@@ -130,6 +131,19 @@ class Replica:
             [h.name for h in self.hosted],
         )
         return self
+
+    def _check_deployments(self, store: CheckpointStore) -> None:
+        """Refuse to start (exit 2) for a listener whose checkpoint belongs to another
+        deployment; an unreachable store is left to the claim at the first tenure."""
+        for listener in self._listeners:
+            try:
+                check_deployment(store, listener)
+            except BackendUnavailableError as exc:
+                logger.warning(
+                    "cannot check checkpoint {} at start-up (the first tenure will): {}",
+                    listener.lease_name,
+                    exc,
+                )
 
     def request_stop(self, *_: Any) -> None:
         """Signal-safe: wakes :meth:`wait`."""
@@ -187,6 +201,25 @@ class Replica:
         """SIGUSR1: every lease this replica leads is handed over now (drain, then release)."""
         for h in self.hosted:
             h.elector.rotate()
+
+    def problems(self) -> list[str]:
+        """Why this replica is not ready, one sentence per listener (empty: ready)."""
+        out = []
+        for h in self.hosted:
+            status = h.runner.status()
+            if not status.ready:
+                left = ""
+                if status.cooldown_until is not None:
+                    left = (
+                        f", retrying in {max(0.0, status.cooldown_until - time.monotonic()):.0f}s"
+                    )
+                out.append(
+                    f"listener {h.name} failed ({status.failed_tenures} in a row{left}): "
+                    f"{status.failure}"
+                )
+            if h.elector.failing:
+                out.append(f"listener {h.name}: lease store refuses us: {h.elector.last_error}")
+        return out
 
     def status(self) -> dict[str, Any]:
         """This replica's local view (what ``/status`` serves)."""

@@ -39,14 +39,13 @@ def _lease_entry(backend: LeaseBackend, name: str) -> dict[str, Any]:
     }
 
 
-def _checkpoint_entry(store: Any, name: str, now: float | None) -> dict[str, Any]:
+def _checkpoint_entry(store: Any, name: str) -> dict[str, Any]:
     cp = store.load(name)
     seconds = None if cp is None else float(cp.cluster_time.time)
-    age = None if seconds is None or now is None else round(max(0.0, now - seconds), 3)
     return {
         "name": name,
         "cluster_time": seconds,
-        "age_seconds": age,
+        "age_seconds": None,  # filled in once the server's "now" is known
         "fencing_token": None if cp is None else cp.fencing_token,
         "holder": None if cp is None else cp.holder,
     }
@@ -66,17 +65,22 @@ def cluster_status(
     try:
         now_future = pool.submit(lambda: float(mongo.cluster_time(client).time))
         leases = {name: pool.submit(_lease_entry, backend, name) for name in names}
-        first: list[Future[Any]] = [now_future, *leases.values()]
-        done, _ = wait(first, timeout=timeout)
-        now = now_future.result() if now_future in done and not now_future.exception() else None
         checkpoints: dict[str, Future[dict[str, Any]]] = {}
         if store is not None:
-            checkpoints = {n: pool.submit(_checkpoint_entry, store, n, now) for n in listener_names}
-            wait(checkpoints.values(), timeout=timeout)
+            checkpoints = {n: pool.submit(_checkpoint_entry, store, n) for n in listener_names}
+        every: list[Future[Any]] = [now_future, *leases.values(), *checkpoints.values()]
+        wait(every, timeout=timeout)  # one deadline for everything
+        now = None
+        if now_future.done() and now_future.exception() is None:
+            now = now_future.result()
         errors: list[str] = []
+        entries = _collect("checkpoint", checkpoints, errors)
+        for entry in entries:
+            if now is not None and entry["cluster_time"] is not None:
+                entry["age_seconds"] = round(max(0.0, now - entry["cluster_time"]), 3)
         return {
             "leases": _collect("lease", leases, errors),
-            "checkpoints": _collect("checkpoint", checkpoints, errors),
+            "checkpoints": entries,
             "errors": errors,
         }
     finally:

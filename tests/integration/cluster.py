@@ -14,6 +14,27 @@ from singleton.service.cluster import child_environment, singleton_command
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: Short lease timings for process-level tests (ttl 4 s).
+TIMINGS = [
+    "--ttl",
+    "4",
+    "--renew-interval",
+    "1",
+    "--renew-deadline",
+    "2.5",
+    "--retry-interval",
+    "0.5",
+]
+
+
+def store_args(kind: str, redis_url: str, mongo_url: str, ns: str) -> list[str]:
+    """Flags for the lease store, the Mongo URL, the namespace and the short timings."""
+    return [
+        *["--backend", kind, "--redis-url", redis_url, "--mongo-url", mongo_url],
+        *["--namespace", ns, *TIMINGS],
+    ]
+
+
 class ReplicaProc:
     def __init__(
         self, identity: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None

@@ -32,3 +32,10 @@ class RecordingListener(ChangeStreamListener):
         if rows:
             assert self.database is not None
             ctx.client[self.database][self.record_to].insert_many(rows)
+
+
+class BrokenListener(RecordingListener):
+    """Fails for good on every batch, as a sink that rejects every request does."""
+
+    def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
+        raise ValueError("HTTP 400: the sink rejected the whole request (test)")

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from singleton.service.drill.cluster import have_faketime
+from singleton.service.drill.faults import parse_kinds
 from tests.integration.cluster import run_singleton
 
 ROUNDS = 20
@@ -48,9 +49,8 @@ def test_short_drill_of_mixed_faults_passes(backend: str, tmp_path: Path) -> Non
     assert code == 0 and result["ok"], (result["failures"], log[-3000:])
     assert result["faults"] == ROUNDS
     kinds = {k for k, n in result["faults_by_kind"].items() if n}
-    expected = {"kill", "stop", "term", "rotate", "net-cut", "clock-jump"}
-    if backend == "redis":
-        expected |= {"redis-restart", "redis-pause"}
+    expected = set(parse_kinds(None, backend))  # every kind that applies, the new ones too
+    assert {"lease-wipe", "checkpoint-loss", "listener-error"} <= expected
     assert kinds == expected
     for key in ("missing", "stale", "resurrected", "extra"):
         assert result[key] == 0

@@ -17,27 +17,9 @@ from singleton.abc import LeaseBackend
 from singleton.service.config import Config
 from singleton.service.embedded import free_port, wait_until
 from singleton.service.registry import make_backend
-from tests.integration.cluster import ReplicaProc, status_json
+from tests.integration.cluster import ReplicaProc, status_json, store_args
 
 LISTENER = "tests.integration.recording:RecordingListener"
-TIMINGS = [
-    "--ttl",
-    "4",
-    "--renew-interval",
-    "1",
-    "--renew-deadline",
-    "2.5",
-    "--retry-interval",
-    "0.5",
-]
-
-
-def store_args(kind: str, redis_url: str, mongo_url: str, ns: str) -> list[str]:
-    """Flags for the lease store, the Mongo URL, the namespace and the short timings."""
-    return [
-        *["--backend", kind, "--redis-url", redis_url, "--mongo-url", mongo_url],
-        *["--namespace", ns, *TIMINGS],
-    ]
 
 
 def lease_backend(kind: str, redis_url: str, mongo_url: str, ns: str) -> LeaseBackend:

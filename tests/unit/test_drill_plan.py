@@ -29,6 +29,8 @@ def test_long_default_mix_has_thirty_stops_of_two_to_five_ttl() -> None:
     assert len(faults) == 100 and len(stops) >= 30
     assert all(2 * 2.5 <= f.param <= 5 * 2.5 for f in stops)
     assert {f.kind for f in faults} == set(KINDS)
+    # the checkpoint is lost both under a running leader and while every replica is stopped
+    assert {f.param for f in faults if f.kind == "checkpoint-loss"} == {0.0, 1.0}
 
 
 def test_kinds_are_validated_against_the_backend() -> None:

@@ -12,16 +12,18 @@ restart without persistence would start tokens again at 1 (see ``singleton.backe
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from singleton.abc import LeaseBackend, LeaseState
 from singleton.errors import ConfigurationError, SingletonError
+from singleton.mongo import client as mongo_client
 from singleton.service.cluster import (
     ReplicaProcess,
     child_environment,
@@ -140,6 +142,8 @@ class DrillCluster:
         self.servers: list[EmbeddedServer] = []
         self.urls = {"redis": redis_url, "mongo": mongo_url, "es": es_url}
         self.proxies: dict[str, TcpProxy] = {}
+        #: one Elasticsearch proxy per replica, so one replica's sink can refuse it
+        self.es_proxies: dict[str, TcpProxy] = {}
         self.replicas: dict[str, ReplicaProcess] = {}
         self.audit_paths: dict[str, Path] = {}
         self.clock_files: dict[str, Path] = {}
@@ -190,7 +194,7 @@ renew_deadline = {t.renew_deadline}
 retry_interval = {t.retry_interval}
 cooldown = {t.cooldown}
 
-{es_listener_toml(LEASE, DATABASE, COLLECTION, INDEX, es=self.es_url, ttl=t.ttl)}"""
+{es_listener_toml(LEASE, DATABASE, COLLECTION, INDEX)}"""
         )
         self.config = load_config(path)
         return path
@@ -219,6 +223,9 @@ cooldown = {t.cooldown}
             argv = singleton_command("run", "--config", str(config_path), "--identity", identity)
             flag = "--redis-url" if self.backend_name == "redis" else "--mongo-url"
             argv += [flag, via_proxy(store_url, proxy.port)]
+            es_proxy = TcpProxy(*_host_port(self.es_url, 9200))
+            self.es_proxies[identity] = es_proxy
+            argv += ["--es-url", via_proxy(self.es_url, es_proxy.port)]
             env = dict(base_env)
             audit = self.workdir / f"audit-{identity}.jsonl"
             self.audit_paths[identity] = audit
@@ -244,7 +251,7 @@ cooldown = {t.cooldown}
     def stop(self) -> None:
         for p in self.replicas.values():
             p.stop()
-        for proxy in self.proxies.values():
+        for proxy in [*self.proxies.values(), *self.es_proxies.values()]:
             proxy.close()
         if self._backend is not None:
             self._backend.close()
@@ -252,6 +259,35 @@ cooldown = {t.cooldown}
         for server in reversed(self.servers):
             server.resume()
             server.cleanup()
+
+    # -- faults on the stores -------------------------------------------------------------
+    def wipe_leases(self) -> None:
+        """The lease store loses its data: FLUSHALL on Redis, drop the leases collection."""
+        assert self.config is not None
+        if self.backend_name == "redis":
+            import redis
+
+            client = redis.Redis.from_url(str(self.urls["redis"]))
+            try:
+                client.flushall()
+            finally:
+                client.close()
+        else:
+            with self._mongo() as mongo:
+                mongo[NAMESPACE].drop_collection("leases")
+
+    def delete_checkpoint(self) -> bool:
+        """Delete the listener's checkpoint (an operator's mistake); True if there was one."""
+        with self._mongo() as mongo:
+            return bool(mongo[NAMESPACE]["checkpoints"].delete_one({"_id": LEASE}).deleted_count)
+
+    @contextlib.contextmanager
+    def _mongo(self) -> Iterator[Any]:
+        client, _ = mongo_client(self.mongo_url, timeout=5.0)
+        try:
+            yield client
+        finally:
+            client.close()
 
     # -- observation ----------------------------------------------------------------------
     def lease_backend(self) -> LeaseBackend:

@@ -23,18 +23,32 @@ from singleton.service.drill.cluster import DrillCluster
 #: kind -> share of the default mix (``make drill``: 100 rounds -> 30 stops)
 DEFAULT_MIX: dict[str, float] = {
     "stop": 0.30,
-    "kill": 0.15,
-    "term": 0.12,
-    "rotate": 0.12,
-    "net-cut": 0.10,
-    "redis-restart": 0.07,
-    "redis-pause": 0.07,
-    "clock-jump": 0.07,
+    "kill": 0.11,
+    "term": 0.09,
+    "rotate": 0.09,
+    "net-cut": 0.07,
+    "redis-restart": 0.05,
+    "redis-pause": 0.05,
+    "clock-jump": 0.06,
+    "lease-wipe": 0.06,
+    "checkpoint-loss": 0.06,
+    "listener-error": 0.06,
 }
 KINDS = tuple(DEFAULT_MIX)
 REDIS_KINDS = ("redis-restart", "redis-pause")
+#: faults after which events must reach the index within 3 x ttl + 5 s
+STORE_LOSS_KINDS = ("lease-wipe", "checkpoint-loss", "listener-error")
+#: faults aimed at whoever leads
+VICTIM_KINDS = ("kill", "stop", "term", "rotate", "net-cut", "clock-jump", "listener-error")
 #: faults after which the old tenure ends by itself (drain and release) before the takeover
 PLANNED = ("term", "rotate")
+#: what a replica's Elasticsearch proxy answers during ``listener-error``: credentials revoked
+_FORBIDDEN_BODY = b'{"error":{"type":"security_exception","reason":"drill"},"status":403}'
+FORBIDDEN = (
+    b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\n"
+    + f"Content-Length: {len(_FORBIDDEN_BODY)}\r\nConnection: close\r\n\r\n".encode()
+    + _FORBIDDEN_BODY
+)
 
 
 @dataclass(frozen=True)
@@ -49,8 +63,10 @@ class PlannedFault:
     def describe(self) -> str:
         if self.kind == "clock-jump":
             return f"clock-jump {self.param:+.0f}s"
-        if self.kind in ("stop", "redis-pause", "net-cut"):
+        if self.kind in ("stop", "redis-pause", "net-cut", "listener-error"):
             return f"{self.kind} {self.param:.1f}s"
+        if self.kind == "checkpoint-loss":
+            return f"{self.kind} ({'all stopped' if self.param else 'running'})"
         return self.kind
 
 
@@ -109,6 +125,10 @@ def plan(seed: int, rounds: int, kinds: list[str], ttl: float) -> list[PlannedFa
             param = rng.uniform(1.5, 2.5) * ttl
         elif kind == "clock-jump":
             param = rng.choice((-1.0, 1.0)) * rng.uniform(60.0, 7200.0)
+        elif kind == "listener-error":
+            param = rng.uniform(1.5, 3.0) * ttl
+        elif kind == "checkpoint-loss":  # 1: while no replica runs; 0: under a running leader
+            param = float(sum(k == kind for k in sequence[:i]) % 2)
         else:
             param = 0.0
         out.append(PlannedFault(i, kind, round(param, 3), round(rng.uniform(0.3, 1.0), 3)))
@@ -140,7 +160,7 @@ class Injector:
         logger.info(
             "fault {}: {} on {} (token {})", fault.index, fault.describe(), rec.victim, token
         )
-        if kind in ("kill", "stop", "term", "rotate", "net-cut", "clock-jump") and victim is None:
+        if kind in VICTIM_KINDS and victim is None:
             rec.note = "no leader to hit"
         elif kind in ("kill", "term"):  # a crash, or a planned exit (drain, release); restart
             assert victim is not None
@@ -170,6 +190,16 @@ class Injector:
             clock = c.clock_files[victim.identity]
             clock.write_text(f"{fault.param:+.0f}\n")
             rec.note = f"wall clock {fault.param:+.0f}s"
+        elif kind == "listener-error":
+            assert victim is not None
+            proxy = c.es_proxies[victim.identity]
+            proxy.refuse(FORBIDDEN)
+            self._wait(fault.param)
+            proxy.restore()
+        elif kind == "lease-wipe":
+            c.wipe_leases()
+        elif kind == "checkpoint-loss":
+            rec.note = self._lose_checkpoint(all_stopped=bool(fault.param))
         elif kind in ("redis-restart", "redis-pause"):
             if c.redis is None:
                 raise ConfigurationError(f"{kind} needs the embedded Redis")
@@ -181,3 +211,15 @@ class Injector:
                 c.redis.resume()
         rec.end = time.monotonic()
         return rec
+
+    def _lose_checkpoint(self, *, all_stopped: bool) -> str:
+        c = self.cluster
+        if not all_stopped:
+            return "deleted" if c.delete_checkpoint() else "there was none"
+        replicas = list(c.replicas.values())
+        for p in replicas:
+            p.stop()  # SIGTERM: drain, checkpoint, release, exit
+        deleted = c.delete_checkpoint()
+        for p in replicas:
+            p.restart()
+        return f"{'deleted' if deleted else 'there was none'} with every replica stopped"

@@ -1,9 +1,11 @@
-"""A TCP proxy that can black-hole its connections: packets stop, sockets stay open.
+"""A TCP proxy that can black-hole its connections (packets stop, sockets stay open) or refuse them
+with a canned answer.
 
-The drill puts one in front of the lease store for every replica, so that one replica can be cut
-off (a partition looks like this to a client: no RST, no FIN, reads just hang) while the others
-keep going. (``tests/integration/proxy.py`` is the test suite's copy; the drill must not import
-tests.)
+The drill puts one in front of the lease store for every replica, so that one replica can be cut off
+(a partition looks like this to a client: no RST, no FIN, reads just hang) while the others keep
+going, and one in front of Elasticsearch for every replica, so that one replica's sink can refuse it
+(an HTTP 403 to every request: its credentials were revoked) while the others work.
+(``tests/integration/proxy.py`` is the test suite's copy; the drill must not import tests.)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class TcpProxy:
         self.port: int = self._listener.getsockname()[1]
         self._flowing = threading.Event()
         self._flowing.set()
+        self._answer: bytes | None = None
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
@@ -38,8 +41,21 @@ class TcpProxy:
         """Stop forwarding in both directions (and stop accepting), keeping every socket open."""
         self._flowing.clear()
 
+    def refuse(self, answer: bytes) -> None:
+        """Drop every open connection and answer each new one with ``answer``, then close it."""
+        self._answer = answer
+        self._drop_all()
+
     def restore(self) -> None:
+        self._answer = None
         self._flowing.set()
+
+    def _drop_all(self) -> None:
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         self._closed.set()
@@ -82,6 +98,10 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except (OSError, ValueError):
                 return
+            answer = self._answer
+            if answer is not None:
+                self._spawn(self._refuse, "refuse", client, answer)
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
             except OSError:
@@ -92,6 +112,18 @@ class TcpProxy:
             with self._lock:
                 self._sockets += [client, upstream]
             self._spawn(self._pump, "pump", client, upstream)
+
+    @staticmethod
+    def _refuse(client: socket.socket, answer: bytes) -> None:
+        try:
+            client.settimeout(2)
+            client.recv(65536)  # the request line and headers: enough to answer after
+            client.sendall(answer)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                client.close()
 
     def _pump(self, a: socket.socket, b: socket.socket) -> None:
         peer = {a: b, b: a}

@@ -178,7 +178,10 @@ class Drill:
                 self.stop.wait(fault.settle)
                 rec = injector.inject(fault)
                 self.injected.append(rec)
-                ok = self._await(partial(self._streaming, tail, rec.end), opts.recover_timeout)
+                limit = opts.recover_timeout
+                if fault.kind in fl.STORE_LOSS_KINDS:  # the never-stuck promise, measured
+                    limit = min(limit, 3 * opts.timings.ttl + 5.0)
+                ok = self._await(partial(self._streaming, tail, rec.end), limit)
                 after = time.monotonic() - rec.end
                 self.say(
                     f"  [{self._t(rec.at):6.1f}s] {fault.index + 1:>3}/{len(self.schedule)} "
