@@ -73,6 +73,15 @@ class ReplicaCollector:
         renew_fail = CounterMetricFamily(
             "singleton_renew_failures", "Renewals that failed", labels=["lease"]
         )
+        store_errors = CounterMetricFamily(
+            "singleton_lease_store_errors",
+            "Lease store calls that failed, by kind (transient: unreachable or timed out; "
+            "fatal: refused credentials or permissions, a misconfiguration)",
+            labels=["lease", "kind"],
+        )
+        resigned = CounterMetricFamily(
+            "singleton_resignations", "Tenures resigned because the work failed", labels=["lease"]
+        )
         runner_families: dict[str, Any] = {}
         for key, (name, doc, counter) in RUNNER_METRICS.items():
             family = CounterMetricFamily if counter else GaugeMetricFamily
@@ -87,12 +96,18 @@ class ReplicaCollector:
             trans.add_metric([h.name, "lost"], stats.losses)
             renew.add_metric([h.name], stats.last_renew_seconds)
             renew_fail.add_metric([h.name], stats.renew_failures)
+            fatal = stats.fatal_errors
+            transient = max(0, stats.contend_failures + stats.renew_failures - fatal)
+            store_errors.add_metric([h.name, "transient"], transient)
+            store_errors.add_metric([h.name, "fatal"], fatal)
+            resigned.add_metric([h.name], stats.resignations)
             status = h.runner.status()
             for attr, family in runner_families.items():
                 value = getattr(status, attr)
                 if value is not None:  # not known yet (no batch, no checkpoint): no sample
                     family.add_metric([h.name], float(value))
-        yield from (leader, token, trans, renew, renew_fail, *runner_families.values())
+        yield from (leader, token, trans, renew, renew_fail, store_errors, resigned)
+        yield from runner_families.values()
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -25,6 +25,7 @@ from singleton import mongo
 from singleton.abc import LeaseBackend
 from singleton.elector import Elector, default_identity
 from singleton.errors import BackendUnavailableError, ConfigurationError, SingletonError
+from singleton.redact import redact
 from singleton.service.config import Config, ListenerConfig, TestSwitches
 from singleton.service.registry import listener_kind, make_backend, make_checkpoint_store
 
@@ -56,6 +57,28 @@ def build_listeners(config: Config) -> list[ChangeStreamListener]:
     if dupes:
         raise ConfigurationError(f"listener names must be unique, repeated: {', '.join(dupes)}")
     return built
+
+
+def warn_without_persistence(redis_url: str) -> None:
+    """A Redis checkpoint store that keeps nothing on disk loses every position on a restart:
+    say so once at start-up (a managed Redis that hides ``CONFIG`` is given the benefit of the
+    doubt)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        aof = client.config_get("appendonly").get("appendonly")
+        save = client.config_get("save").get("save")
+    except redis.RedisError:
+        return
+    finally:
+        client.close()
+    if aof == "no" and not save:
+        logger.warning(
+            "checkpoint_store = redis, but {} keeps nothing on disk (appendonly no, no save "
+            "points): a restart loses every checkpoint; enable appendonly or use the mongo store",
+            redact(redis_url),
+        )
 
 
 @dataclass
@@ -105,6 +128,8 @@ class Replica:
             self.config, self.mongo, unsafe_disable_fencing=unsafe
         )
         self._check_deployments(self.checkpoints)
+        if self.config.checkpoint_store == "redis":
+            warn_without_persistence(self.config.redis_url)
         if self.switches.audit_file:
             self._audit = AuditLog(self.switches.audit_file, self.identity)
         timings = self.config.lease.timings()

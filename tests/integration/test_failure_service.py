@@ -123,3 +123,17 @@ def test_status_answers_within_one_timeout_when_mongo_is_frozen(
     assert "checkpoint l0" in out.stdout and "no answer in time" in out.stdout, out.stdout
     # One timeout (5 s) for all ten listeners, plus the interpreter's start: not ten timeouts.
     assert elapsed < 20, elapsed
+
+
+def test_a_redis_checkpoint_store_without_persistence_is_warned_about(redis_url: str) -> None:
+    from loguru import logger
+
+    from singleton.service.replica import warn_without_persistence
+
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(str(m)), level="WARNING", format="{message}")
+    try:
+        warn_without_persistence(redis_url)  # the test server runs with --save "" --appendonly no
+    finally:
+        logger.remove(sink)
+    assert any("keeps nothing on disk" in w and ":***@" not in w for w in warnings), warnings
