@@ -28,10 +28,11 @@ from loguru import logger
 from listeners.base import ListenerContext
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.documents import doc_id, source_of
-from listeners.elasticsearch.transport import UrllibTransport
+from listeners.elasticsearch.transport import EsTransport, connect
 from listeners.elasticsearch.versioning import EventVersioner
 from singleton.clock import SYSTEM_CLOCK
 from singleton.leadership import Leadership
+from singleton.mongo import cluster_time
 from singleton.service.embedded import ElasticServer, MongoServer
 from singleton.testing import MemoryLeaseBackend
 
@@ -48,12 +49,6 @@ def _ctx(client: Any, name: str) -> ListenerContext:
     assert lease is not None
     ld = Leadership(lease, "bench", SYSTEM_CLOCK.monotonic() + 3600, SYSTEM_CLOCK)
     return ListenerContext(ld, client, logger, name)
-
-
-def _cluster_time(client: Any) -> Timestamp:
-    ts = client.admin.command("ping")["$clusterTime"]["clusterTime"]
-    assert isinstance(ts, Timestamp)
-    return ts
 
 
 def _doc(i: int) -> dict[str, Any]:
@@ -90,7 +85,7 @@ def _read_stream(coll: Any, start: Timestamp, count: int, on_batch: Any = None) 
     return time.perf_counter() - t0
 
 
-def _bulk_raw(es: UrllibTransport, index: str, docs: list[dict[str, Any]], par: int) -> float:
+def _bulk_raw(es: EsTransport, index: str, docs: list[dict[str, Any]], par: int) -> float:
     bodies = []
     for lo in range(0, len(docs), BATCH):
         lines = []
@@ -120,8 +115,8 @@ def _latency(client: Any, es_url: str, db: str) -> dict[str, float]:
     coll = client[db]["lat"]
     listener = ElasticsearchSync(database=db, collection="lat", es=es_url, concurrency=1)
     ctx = _ctx(client, listener.lease_name)
-    es = UrllibTransport(es_url)
-    start = _cluster_time(client)
+    es = connect(es_url)
+    start = cluster_time(client)
     stop = threading.Event()
     written: dict[int, float] = {}
     seen: dict[int, float] = {}
@@ -159,16 +154,7 @@ def _latency(client: Any, es_url: str, db: str) -> dict[str, float]:
     threads[0].start()
     stream_ready.wait(30)
     threads[1].start()
-    pace = threading.Event()
-    t0 = time.perf_counter()
-    for i in range(LATENCY_WRITES):
-        due = t0 + i / RATE
-        delay = due - time.perf_counter()
-        if delay > 0:
-            pace.wait(delay)
-        coll.insert_one({"_id": i, "n": i, "name": f"item {i}"})
-        written[i] = time.perf_counter()
-    achieved = LATENCY_WRITES / (time.perf_counter() - t0)
+    achieved = _write_paced(coll, written)
     threads[1].join(120)
     stop.set()
     threads[0].join(30)
@@ -183,14 +169,28 @@ def _latency(client: Any, es_url: str, db: str) -> dict[str, float]:
     }
 
 
+def _write_paced(coll: Any, written: dict[int, float]) -> float:
+    """Insert LATENCY_WRITES documents at RATE per second (noting when each was acknowledged);
+    returns the rate achieved."""
+    pace = threading.Event()
+    t0 = time.perf_counter()
+    for i in range(LATENCY_WRITES):
+        delay = t0 + i / RATE - time.perf_counter()
+        if delay > 0:
+            pace.wait(delay)
+        coll.insert_one({"_id": i, "n": i, "name": f"item {i}"})
+        written[i] = time.perf_counter()
+    return LATENCY_WRITES / (time.perf_counter() - t0)
+
+
 def main() -> dict[str, Any]:
     logger.remove()
     with MongoServer() as mongo, ElasticServer() as elastic:
         client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo.url)
-        es = UrllibTransport(elastic.url, maxsize=CONCURRENCY + 2)
+        es = connect(elastic.url, maxsize=CONCURRENCY + 2)
         coll = client.bench.docs
         docs = [_doc(i) for i in range(DOCS)]
-        start = _cluster_time(client)
+        start = cluster_time(client)
         for lo in range(0, DOCS, 500):
             coll.insert_many(docs[lo : lo + 500])
 

@@ -1,6 +1,7 @@
 """Keep an Elasticsearch (or OpenSearch) index equal to a MongoDB collection.
 
-One package, one sink:
+One package, one sink. Dependencies run one way: :mod:`.sync` composes the others, which know
+nothing of the listener (the copy gets functions, the bulk writer a callback for dead letters).
 
 * :mod:`.sync` - :class:`ElasticsearchSync`, the listener users configure;
 * :mod:`.bulk` - the bulk writer (per-item results, retries, dead letters);
@@ -8,6 +9,7 @@ One package, one sink:
   OpenSearch);
 * :mod:`.documents` - BSON document -> index id and JSON source;
 * :mod:`.versioning` - external versions derived from the oplog position;
+* :mod:`.index` - the index's creation, ``gc_deletes`` and deletion;
 * :mod:`.copy` - the resumable initial copy;
 * :mod:`.verify` - compare a collection with its index (the drill and the demo use it);
 * :mod:`.deadletters` - bulk rejections -> the listener's dead-letter store.

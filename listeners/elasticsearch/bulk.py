@@ -2,10 +2,10 @@
 
 Every item ends in exactly one of: written (2xx), already newer (409 under external versioning,
 counted as success), or dead-lettered (any other 4xx: it will never succeed, so it must not block
-the stream). 429 / 5xx items and requests that got no answer are retried, alone, with bounded
-exponential backoff and full jitter until ``retry_timeout``; after that :class:`SinkError` is
-raised and the caller (the runner) retries the batch later. Re-sending is always safe: versions
-make every write idempotent.
+the stream). 429 / 5xx items and requests that got no answer are retried, alone, with the
+bounded, jittered backoff of every retry loop (:class:`singleton.retry.Backoff`) until
+``retry_timeout``; after that :class:`SinkError` is raised and the caller (the runner) retries
+the batch later. Re-sending is always safe: versions make every write idempotent.
 
 Memory is bounded: a :class:`BulkSession` holds at most ``concurrency`` requests in flight plus one
 being filled, and :meth:`BulkSession.add` blocks while they are busy. Before every request the
@@ -15,7 +15,6 @@ being filled, and :meth:`BulkSession.add` blocks while they are busy. Before eve
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from loguru import logger as _default_logger
 
 from listeners.elasticsearch.transport import EsUnavailableError, Transport, error_text
 from singleton.errors import SinkError
+from singleton.retry import Backoff
 
 #: Item or request statuses worth retrying: overload, gateway trouble, unavailable shards.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -66,20 +66,39 @@ class DeadLetter:
     reason: str
 
 
-@dataclass
 class BulkStats:
-    items: int = 0
-    written: int = 0
-    conflicts: int = 0
-    retried: int = 0
-    dead: int = 0
-    requests: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """What a writer did, summed over every request: ``items`` handed to it, ``written``,
+    ``conflicts`` (409: the index already held a newer version), ``retried``, ``dead``
+    (dead-lettered) and ``requests`` sent. :meth:`add` is thread-safe (requests run in a pool)."""
+
+    def __init__(self) -> None:
+        self.items = self.written = self.conflicts = self.retried = self.dead = self.requests = 0
+        self._lock = threading.Lock()
 
     def add(self, **counts: int) -> None:
         with self._lock:
             for key, n in counts.items():
                 setattr(self, key, getattr(self, key) + n)
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{k}={v}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"BulkStats({counts})"
+
+
+@dataclass(frozen=True)
+class BulkLimits:
+    """When a request goes out (``bulk_actions`` items, ``bulk_bytes`` bytes or
+    ``flush_interval`` seconds after its first item), how many are in flight (``concurrency``),
+    and how failing items are retried (backoff from ``backoff_base`` to ``backoff_max``, for at
+    most ``retry_timeout`` seconds). Named as the listener's options that set them."""
+
+    bulk_actions: int
+    bulk_bytes: int
+    flush_interval: float
+    concurrency: int
+    backoff_base: float
+    backoff_max: float
+    retry_timeout: float
 
 
 Check = Callable[[], None]
@@ -94,29 +113,17 @@ class BulkWriter:
     def __init__(
         self,
         transport: Transport,
+        limits: BulkLimits,
         *,
         on_dead: OnDead,
-        max_actions: int = 1000,
-        max_bytes: int = 5 * 1024 * 1024,
-        flush_interval: float = 1.0,
-        concurrency: int = 1,
-        backoff_base: float = 0.05,
-        backoff_max: float = 5.0,
-        retry_timeout: float = 300.0,
         logger: Any = None,
         versioned: bool = True,
     ) -> None:
         self.transport = transport
+        self.limits = limits
+        self.on_dead = on_dead
         #: external versions on every action (False only in the drill's unfenced mode)
         self.versioned = versioned
-        self.on_dead = on_dead
-        self.max_actions = max_actions
-        self.max_bytes = max_bytes
-        self.flush_interval = flush_interval
-        self.concurrency = concurrency
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self.retry_timeout = retry_timeout
         self.stats = BulkStats()
         self.log = logger or _default_logger
         self._pool: ThreadPoolExecutor | None = None
@@ -126,7 +133,7 @@ class BulkWriter:
 
     def executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="es-bulk")
+            self._pool = ThreadPoolExecutor(self.limits.concurrency, thread_name_prefix="es-bulk")
         return self._pool
 
     def close(self) -> None:
@@ -137,33 +144,33 @@ class BulkWriter:
     def send(self, items: list[BulkItem], check: Check, wait_fn: Wait) -> None:
         """Send ``items`` until each is written, already newer, or dead-lettered."""
         pending = items
-        attempt = 0
-        deadline = time.monotonic() + self.retry_timeout
+        backoff = Backoff(self.limits.backoff_base, self.limits.backoff_max)
+        deadline = time.monotonic() + self.limits.retry_timeout
         self.stats.add(items=len(items))
-        while pending:
+        while True:
             check()
             pending, why = self._attempt(pending)
             if not pending:
                 return
-            attempt += 1
             self.stats.add(retried=len(pending))
             if time.monotonic() >= deadline:
                 raise SinkError(
-                    f"{len(pending)} bulk items still failing after {self.retry_timeout} s on "
-                    f"{self.transport.description}: {why}"
+                    f"{len(pending)} bulk items still failing after {self.limits.retry_timeout} s "
+                    f"on {self.transport.description}: {why}"
                 )
-            delay = random.uniform(0, min(self.backoff_max, self.backoff_base * 2**attempt))
+            delay = backoff.next()
             self.log.info(
                 "bulk: retrying {} items in {:.3f} s (attempt {}): {}",
                 len(pending),
                 delay,
-                attempt,
+                backoff.attempts,
                 why,
             )
             if wait_fn(delay):
                 check()
 
     def _attempt(self, pending: list[BulkItem]) -> tuple[list[BulkItem], str]:
+        """One request for ``pending``: the items to retry, and why."""
         body = b"".join(item.encoded(self.versioned) for item in pending)
         self.stats.add(requests=1)
         try:
@@ -183,6 +190,10 @@ class BulkWriter:
                 f"bulk answer from {self.transport.description} has "
                 f"{len(results) if isinstance(results, list) else 'no'} items for {len(pending)}"
             )
+        return self._settle(pending, results)
+
+    def _settle(self, pending: list[BulkItem], results: list[Any]) -> tuple[list[BulkItem], str]:
+        """Count and dead-letter per-item results; return the items to retry, and why."""
         retry: list[BulkItem] = []
         dead: list[DeadLetter] = []
         written = conflicts = 0
@@ -234,9 +245,9 @@ class BulkSession:
         self._buf.append(item)
         self._bytes += len(item.encoded(self.w.versioned))
         if (
-            len(self._buf) >= self.w.max_actions
-            or self._bytes >= self.w.max_bytes
-            or time.monotonic() - self._first >= self.w.flush_interval
+            len(self._buf) >= self.w.limits.bulk_actions
+            or self._bytes >= self.w.limits.bulk_bytes
+            or time.monotonic() - self._first >= self.w.limits.flush_interval
         ):
             self.flush()
 
@@ -244,10 +255,10 @@ class BulkSession:
         if not self._buf:
             return
         chunk, self._buf, self._bytes = self._buf, [], 0
-        if self.w.concurrency <= 1:
+        if self.w.limits.concurrency <= 1:
             self.w.send(chunk, self.check, self.wait_fn)
             return
-        while len(self._inflight) >= self.w.concurrency:
+        while len(self._inflight) >= self.w.limits.concurrency:
             self._reap(FIRST_COMPLETED)
         self._inflight.add(self.w.executor().submit(self.w.send, chunk, self.check, self.wait_fn))
 

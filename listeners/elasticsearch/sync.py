@@ -26,39 +26,33 @@ Options arrive as keyword arguments (``singleton.toml`` ``[[listeners]]`` tables
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
-import re
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
-
-from bson import json_util
-from bson.timestamp import Timestamp
 
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext
 from listeners.deadletter import DeadLetterStore
-from listeners.elasticsearch.bulk import BulkItem, BulkWriter, DeadLetter
+from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkStats, BulkWriter, DeadLetter
+from listeners.elasticsearch.copy import InitialCopy
 from listeners.elasticsearch.deadletters import EsDeadLetters
-from listeners.elasticsearch.documents import (
-    DEFAULT_INDEX_TEMPLATE,
-    Transform,
-    doc_id,
-    index_name,
-    source_of,
-)
-from listeners.elasticsearch.transport import Transport, error_text, make_transport, path_index
-from listeners.elasticsearch.versioning import EventVersioner, first_seq_at, timestamp_version
-from singleton.errors import ConfigurationError, SinkError
+from listeners.elasticsearch.documents import DEFAULT_INDEX_TEMPLATE, Transform, doc_id, source_of
+from listeners.elasticsearch.documents import index_name as make_index_name
+from listeners.elasticsearch.index import IndexKeeper
+from listeners.elasticsearch.transport import Transport, make_transport
+from listeners.elasticsearch.versioning import EventVersioner, first_seq_at
+from singleton import mongo
+from singleton.errors import ConfigurationError
+from singleton.retry import Backoff
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 0.001}
-
-
-def parse_duration(value: Any) -> float | None:
-    """Seconds of an Elasticsearch time value (``"60s"``, ``"5m"``; bare numbers are ms)."""
-    match = _DURATION.match(str(value)) if value is not None else None
-    return None if match is None else float(match.group(1)) * _UNITS[match.group(2)]
+_WRITES = frozenset({"insert", "replace", "update", "delete"})
+#: The collection is gone (or renamed away): what ``on_drop`` applies to.
+_DROPS = frozenset({"drop", "dropDatabase", "rename"})
+#: The origin of copied documents, for their dead-letter records.
+_COPIED = {"op": "initial_sync"}
+_POSITIVE_INTEGERS = ("bulk_actions", "bulk_bytes", "concurrency", "copy_batch_size")
+_POSITIVE_NUMBERS = ("request_timeout", "ttl", "gc_safety_factor", "retry_timeout")
 
 
 def _resolve(spec: Any) -> Any:
@@ -74,26 +68,36 @@ def _resolve(spec: Any) -> Any:
 class ElasticsearchSync(ChangeStreamListener):
     """Keeps an index equal to ``database.collection``; see the module docstring."""
 
-    #: Elasticsearch URL, or an ``elasticsearch.Elasticsearch`` client (which stays yours).
+    #: Elasticsearch URL (several: a list or comma-separated, one node pool), or an
+    #: ``elasticsearch.Elasticsearch`` client (which stays yours).
     es: Any = None
     api_key: str | tuple[str, str] | None = None
     basic_auth: tuple[str, str] | None = None
+    #: TLS: the CA bundle to trust, and a client certificate (PEM files).
     ca_certs: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    #: gzip request bodies (bulk requests compress well; costs CPU here).
+    http_compress: bool = False
     request_timeout: float = 30.0
     #: Index name template with ``{database}`` and ``{collection}``; lower-cased and sanitized.
     index: str = DEFAULT_INDEX_TEMPLATE
     transform: Transform | str | None = None
     mappings: Mapping[str, Any] | None = None
     settings: Mapping[str, Any] | None = None
+    #: ``keep`` the index when the collection is dropped, or ``delete_index``.
     on_drop: str = "keep"
+    #: A bulk request goes out at this many items, this many bytes, or this age.
     bulk_actions: int = 1000
     bulk_bytes: int = 5 * 1024 * 1024
     flush_interval: float = 1.0
+    #: Bulk requests in flight at once.
     concurrency: int = 1
     backoff_base: float = 0.05
     backoff_max: float = 5.0
     #: Give up on a failing item after this long (the runner then retries the batch).
     retry_timeout: float = 300.0
+    #: The lease TTL and a safety factor, for ``gc_deletes`` (see the module docstring).
     ttl: float = 15.0
     gc_safety_factor: float = 4.0
     #: A :class:`~listeners.deadletter.DeadLetterStore` (default: ``singleton.dead_letters`` on
@@ -101,40 +105,21 @@ class ElasticsearchSync(ChangeStreamListener):
     dead_letters: Any = None
     copy_batch_size: int = 2000
 
-    extra_options: ClassVar[frozenset[str]] = frozenset(
-        {
-            "es",
-            "api_key",
-            "basic_auth",
-            "ca_certs",
-            "request_timeout",
-            "index",
-            "transform",
-            "mappings",
-            "settings",
-            "on_drop",
-            "bulk_actions",
-            "bulk_bytes",
-            "flush_interval",
-            "concurrency",
-            "backoff_base",
-            "backoff_max",
-            "retry_timeout",
-            "ttl",
-            "gc_safety_factor",
-            "dead_letters",
-            "copy_batch_size",
-        }
+    extra_options: ClassVar[frozenset[str]] = (
+        frozenset({"es", "api_key", "basic_auth", "ca_certs", "client_cert", "client_key"})
+        | {"http_compress", "request_timeout", "index", "transform", "mappings", "settings"}
+        | {"on_drop", "ttl", "gc_safety_factor", "dead_letters", "copy_batch_size"}
+        | {f.name for f in dataclasses.fields(BulkLimits)}  # the bulk writer's options
     )
 
     def __init__(self, **options: Any) -> None:
         options.setdefault("full_document", "updateLookup")
         super().__init__(**options)
-        self._transport: Transport | None = None
-        self._owned = False
         self._writer: BulkWriter | None = None
+        self._index: IndexKeeper | None = None
+        #: the transport this listener built (closed by close()); None for a client it was given
+        self._owned_transport: Transport | None = None
         self._versioner: EventVersioner | None = None
-        self._ready: set[str] = set()
         self._dead_store: Any = None
         self._ctx: ListenerContext | None = None
 
@@ -154,11 +139,11 @@ class ElasticsearchSync(ChangeStreamListener):
                 f"{cls} indexes whole documents: full_document must be updateLookup, got "
                 f"{self.full_document!r}"
             )
-        for opt in ("bulk_actions", "bulk_bytes", "concurrency", "copy_batch_size"):
+        for opt in _POSITIVE_INTEGERS:
             value = getattr(self, opt)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{cls}.{opt} must be an integer >= 1, got {value!r}")
-        for opt in ("request_timeout", "ttl", "gc_safety_factor", "retry_timeout"):
+        for opt in _POSITIVE_NUMBERS:
             value = getattr(self, opt)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigurationError(f"{cls}.{opt} must be a number > 0, got {value!r}")
@@ -166,8 +151,12 @@ class ElasticsearchSync(ChangeStreamListener):
             raise ConfigurationError(
                 f"{cls}.gc_safety_factor must be >= 1, got {self.gc_safety_factor!r}"
             )
+        try:
+            Backoff(self.backoff_base, self.backoff_max)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{cls}.backoff_base / backoff_max: {exc}") from exc
         self.transform = _resolve(self.transform)
-        index_name(self.index, str(self.database), str(self.collection))  # validates the template
+        self._index_name = make_index_name(self.index, str(self.database), str(self.collection))
 
     # -- resources ------------------------------------------------------------------------------
     @property
@@ -177,32 +166,41 @@ class ElasticsearchSync(ChangeStreamListener):
 
     @property
     def index_name(self) -> str:
-        return index_name(self.index, str(self.database), str(self.collection))
+        return self._index_name
 
-    def _setup(self, ctx: ListenerContext) -> BulkWriter:
+    @property
+    def stats(self) -> BulkStats:
+        """What the bulk writer did (items written, refused as older, retried, dead-lettered)."""
+        return self._writer.stats if self._writer is not None else BulkStats()
+
+    def _setup(self, ctx: ListenerContext) -> tuple[BulkWriter, IndexKeeper]:
         self._ctx = ctx
-        if self._transport is None:
-            self._transport, self._owned = make_transport(
+        if self._writer is None or self._index is None:
+            transport, owned = make_transport(
                 self.es,
                 api_key=self.api_key,
-                basic_auth=tuple(self.basic_auth) if self.basic_auth else None,  # type: ignore[arg-type]
+                basic_auth=tuple(self.basic_auth) if self.basic_auth else None,
                 ca_certs=self.ca_certs,
+                client_cert=self.client_cert,
+                client_key=self.client_key,
+                http_compress=self.http_compress,
                 request_timeout=self.request_timeout,
                 maxsize=self.concurrency + 2,
             )
-        if self._writer is None:
+            self._owned_transport = transport if owned else None
+            limits = {f.name: getattr(self, f.name) for f in dataclasses.fields(BulkLimits)}
             self._writer = BulkWriter(
-                self._transport,
+                transport,
+                BulkLimits(**limits),
                 on_dead=self._dead,
-                max_actions=self.bulk_actions,
-                max_bytes=self.bulk_bytes,
-                flush_interval=self.flush_interval,
-                concurrency=self.concurrency,
-                backoff_base=self.backoff_base,
-                backoff_max=self.backoff_max,
-                retry_timeout=self.retry_timeout,
                 logger=ctx.logger,
                 versioned=ctx.leadership.fenced,
+            )
+            self._index = IndexKeeper(
+                transport,
+                gc_deletes=self.gc_deletes_seconds,
+                settings=self.settings,
+                mappings=self.mappings,
             )
         client = ctx.client
         self._versioner = self._versioner or EventVersioner(lambda ts: first_seq_at(client, ts))
@@ -211,7 +209,7 @@ class ElasticsearchSync(ChangeStreamListener):
             if store is None:
                 store = DeadLetterStore(client)
             self._dead_store = EsDeadLetters(store) if isinstance(store, DeadLetterStore) else store
-        return self._writer
+        return self._writer, self._index
 
     def _dead(self, letters: list[DeadLetter]) -> None:
         ctx = self._ctx
@@ -222,158 +220,97 @@ class ElasticsearchSync(ChangeStreamListener):
         """Release what this listener created (never a client it was given)."""
         if self._writer is not None:
             self._writer.close()
-            self._writer = None
-        if self._transport is not None and self._owned:
-            self._transport.close()
-        self._transport = None
+        if self._owned_transport is not None:
+            self._owned_transport.close()
+        self._writer = self._index = self._owned_transport = None
 
     def on_start(self, ctx: ListenerContext) -> None:
-        self._setup(ctx)
-        self._ready.clear()  # another leader may have dropped or recreated the index meanwhile
-
-    def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
-        assert self._transport is not None
-        return self._transport.request(method, path, body)
+        _, index = self._setup(ctx)
+        index.forget()  # another leader may have dropped or recreated the index meanwhile
 
     def ensure_index(self, name: str, ctx: ListenerContext) -> None:
-        """Create ``name`` if missing (user settings and mappings, raised ``gc_deletes``), or
-        raise ``gc_deletes`` on an existing index whose setting is lower."""
-        if name in self._ready:
-            return
-        ctx.check()
-        gc = f"{self.gc_deletes_seconds}s"
-        settings = {**dict(self.settings or {}), "index.gc_deletes": gc}
-        body: dict[str, Any] = {"settings": settings}
-        if self.mappings:
-            body["mappings"] = dict(self.mappings)
-        status, resp = self._request("PUT", f"/{path_index(name)}", json_util.dumps(body).encode())
-        if status == 200:
-            ctx.logger.info("elasticsearch: created index {} (gc_deletes {})", name, gc)
-        elif status == 400 and "already_exists" in error_text(resp):
-            self._raise_gc_deletes(name, ctx)
-        else:
-            raise SinkError(f"cannot create index {name}: HTTP {status} {error_text(resp)}")
-        self._ready.add(name)
-
-    def _raise_gc_deletes(self, name: str, ctx: ListenerContext) -> None:
-        status, resp = self._request("GET", f"/{path_index(name)}/_settings")
-        if status != 200 or not isinstance(resp, dict):
-            raise SinkError(f"cannot read settings of {name}: HTTP {status} {error_text(resp)}")
-        current = None
-        for idx in resp.values():
-            current = parse_duration(idx.get("settings", {}).get("index", {}).get("gc_deletes"))
-        if current is None:
-            current = 60.0  # Elasticsearch's default
-        if current < self.gc_deletes_seconds:
-            ctx.check()
-            body = {"index": {"gc_deletes": f"{self.gc_deletes_seconds}s"}}
-            path = f"/{path_index(name)}/_settings"
-            status, resp = self._request("PUT", path, json_util.dumps(body).encode())
-            if status != 200:
-                raise SinkError(f"cannot raise gc_deletes on {name}: HTTP {status}")
-            ctx.logger.info(
-                "elasticsearch: raised gc_deletes of {} from {} s to {} s",
-                name,
-                current,
-                self.gc_deletes_seconds,
-            )
+        """Create ``name`` if missing, or raise its ``gc_deletes`` (see :mod:`.index`)."""
+        self._setup(ctx)[1].ensure(name, ctx)
 
     # -- streaming --------------------------------------------------------------------------------
-    def _wait(self, ctx: ListenerContext) -> Callable[[float], bool]:
-        return lambda seconds: ctx.leadership.lost.wait(seconds)
-
-    def item_for(
+    def _item(
         self, doc: Mapping[str, Any], key: Any, version: int, origin: dict[str, Any]
-    ) -> BulkItem:
+    ) -> BulkItem | None:
         """The bulk action that makes the index hold ``doc`` (a delete if ``transform`` drops
-        it) at ``version``. A document that cannot be serialized raises ``ValueError``."""
-        source = source_of(doc, self.transform)  # type: ignore[arg-type]
-        op = "delete" if source is None else "index"
-        return BulkItem(op, self.index_name, doc_id(key), version, source, origin)
+        it) at ``version``; ``None`` for a document that cannot be serialized (dead-lettered)."""
+        try:
+            source = source_of(doc, self.transform)  # type: ignore[arg-type]
+            op = "delete" if source is None else "index"
+            return BulkItem(op, self._index_name, doc_id(key), version, source, origin)
+        except (ValueError, TypeError) as exc:
+            bad = BulkItem("index", self._index_name, doc_id(key), version, None, origin)
+            self._dead([DeadLetter(bad, 0, f"cannot serialize: {exc}")])
+            return None
+
+    def _event_item(self, event: ChangeEvent, versioner: EventVersioner) -> BulkItem | None:
+        key = event["documentKey"]["_id"]
+        op = event["operationType"]
+        origin = {"op": op, "token": event.get("_id"), "cluster_time": mongo.event_time(event)}
+        version = versioner.version(event)
+        if op == "delete":
+            return BulkItem("delete", self._index_name, doc_id(key), version, None, origin)
+        doc = event.get("fullDocument")
+        if doc is None:
+            return None  # looked up after a later delete: that delete follows
+        return self._item(doc, key, version, origin)
 
     def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
         """Apply ``events``; returns once each write succeeded, was already superseded (409) or
         was dead-lettered. Within a batch only the last write per document is sent: the later
         version would supersede the earlier ones anyway."""
-        writer = self._setup(ctx)
+        writer, index = self._setup(ctx)
         versioner = self._versioner
         assert versioner is not None
         pending: dict[str, BulkItem] = {}
         for event in events:
             op = event.get("operationType")
-            if op in ("insert", "replace", "update", "delete"):
-                key = event["documentKey"]["_id"]
-                origin = {
-                    "op": op,
-                    "token": event.get("_id"),
-                    "cluster_time": event.get("clusterTime"),
-                }
-                version = versioner.version(event)
-                if op == "delete":
-                    item = BulkItem("delete", self.index_name, doc_id(key), version, None, origin)
-                else:
-                    doc = event.get("fullDocument")
-                    if doc is None:
-                        continue  # looked up after a later delete: that delete follows
-                    try:
-                        item = self.item_for(doc, key, version, origin)
-                    except (ValueError, TypeError) as exc:
-                        bad = BulkItem("index", self.index_name, doc_id(key), version, None, origin)
-                        self._dead([DeadLetter(bad, 0, f"cannot serialize: {exc}")])
-                        continue
-                pending[item.doc_id] = item
-            elif op in ("drop", "dropDatabase", "rename"):
-                self._send(list(pending.values()), ctx, writer)
+            if op in _WRITES:
+                item = self._event_item(event, versioner)
+                if item is not None:
+                    pending[item.doc_id] = item
+            elif op in _DROPS:
+                self._send(list(pending.values()), ctx, writer, index)
                 pending.clear()
-                self._dropped(event, ctx)
-        self._send(list(pending.values()), ctx, writer)
+                self._dropped(event, ctx, index)
+        self._send(list(pending.values()), ctx, writer, index)
 
-    def _send(self, items: list[BulkItem], ctx: ListenerContext, writer: BulkWriter) -> None:
+    def _send(
+        self, items: list[BulkItem], ctx: ListenerContext, writer: BulkWriter, index: IndexKeeper
+    ) -> None:
         if not items:
             return
-        self.ensure_index(self.index_name, ctx)
-        session = writer.session(ctx.check, self._wait(ctx))
+        index.ensure(self._index_name, ctx)
+        session = writer.session(ctx.check, ctx.leadership.wait_lost)
         for item in items:
             session.add(item)
         session.finish()
 
-    def _dropped(self, event: ChangeEvent, ctx: ListenerContext) -> None:
-        name = self.index_name
+    def _dropped(self, event: ChangeEvent, ctx: ListenerContext, index: IndexKeeper) -> None:
         ctx.logger.info(
             "elasticsearch: {} of {} seen; on_drop={} for index {}",
             event.get("operationType"),
             event.get("ns"),
             self.on_drop,
-            name,
+            self._index_name,
         )
         if self.on_drop == "delete_index":
-            ctx.check()
-            status, resp = self._request("DELETE", f"/{path_index(name)}")
-            if status not in (200, 404):
-                raise SinkError(f"cannot delete index {name}: HTTP {status} {error_text(resp)}")
-            self._ready.discard(name)
+            index.delete(self._index_name, ctx)
 
     # -- initial sync ---------------------------------------------------------------------------
     def initial_sync(self, ctx: ListenerContext) -> None:
         """Copy the collection in ``_id`` order, resumably (see :mod:`.copy`)."""
-        from listeners.elasticsearch.copy import copy_collection
-
-        writer = self._setup(ctx)
-        self.ensure_index(self.index_name, ctx)
-        copy_collection(self, ctx, writer)
-
-    @staticmethod
-    def cluster_time(ctx: ListenerContext) -> Timestamp:
-        reply = ctx.client.admin.command("ping")
-        ct = (reply.get("$clusterTime") or {}).get("clusterTime") or reply.get("operationTime")
-        if not isinstance(ct, Timestamp):
-            raise SinkError("the server reported no cluster time (is it a replica set?)")
-        return ct
-
-    def copy_version(self, ts: Timestamp) -> int:
-        """Version of documents copied after cluster time ``ts``: any event after ``ts`` wins."""
-        return timestamp_version(ts, 0)
-
-    @staticmethod
-    def _now() -> float:
-        return time.monotonic()
+        writer, index = self._setup(ctx)
+        index.ensure(self._index_name, ctx)
+        copy = InitialCopy(
+            name=self.lease_name,
+            make_item=lambda doc, version: self._item(doc, doc["_id"], version, _COPIED),
+            replay=self.handle_batch,
+            batch_size=self.copy_batch_size,
+            replay_batch=self.batch_size,
+        )
+        copy.run(ctx, ctx.client[str(self.database)][str(self.collection)], writer)

@@ -1,51 +1,46 @@
 """The HTTP boundary to Elasticsearch / OpenSearch: plain ``application/json`` requests, one
-status-and-body answer, driver errors translated into :class:`singleton.errors.SinkError`.
+status-and-body answer, transport errors translated into :class:`singleton.errors.SinkError`.
 
-elasticsearch-py 8/9 rewrite ``application/json`` into ``application/vnd.elasticsearch+json;
-compatible-with=N``, which OpenSearch and some proxies refuse (406). Every server this listener
-supports (Elasticsearch 7-9, OpenSearch) accepts plain JSON, so requests go either straight through
-urllib3 (given a URL) or through the user's client's *transport*, below the compat rewrite.
+Requests go through ``elastic_transport`` (the transport under elasticsearch-py): a node pool
+over one or more URLs that sets a node that failed aside for a while, TLS with client
+certificates, optional request compression. It sends exactly the headers it is given, so every
+request says plain ``application/json``: elasticsearch-py's client layer would rewrite that into
+``application/vnd.elasticsearch+json; compatible-with=N``, which OpenSearch and some proxies
+refuse (406), while every server this listener supports (Elasticsearch 7-9, OpenSearch) accepts
+plain JSON. A user's own ``elasticsearch.Elasticsearch`` client is used through its transport,
+below that rewrite, and is never closed here.
 
-Credentials never appear in messages: URLs are redacted to ``scheme://host:port``.
+Failure model: a request either gets an HTTP answer (any status is returned, the caller decides)
+or raises :class:`EsUnavailableError` within ``request_timeout``. The transport itself retries
+nothing but a connection refused by one node, on the next node of the pool: statuses and
+timeouts go back to the caller (the bulk writer), which retries with
+:class:`singleton.retry.Backoff` under the tenure's deadline. Credentials never appear in
+messages: a node is described as ``scheme://host:port``, built from the parsed URL.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
-from typing import Any, Protocol
-from urllib.parse import quote, urlsplit
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol
+from urllib.parse import quote
 
-import urllib3
+import elastic_transport
+from elastic_transport.client_utils import url_to_node_config
 
 from singleton.errors import ConfigurationError, SinkError
+from singleton.redact import redact
 
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
+_JSON_HEADERS = {"accept": JSON, "content-type": JSON}
+_NDJSON_HEADERS = {"accept": JSON, "content-type": NDJSON}
 
 
 class EsUnavailableError(SinkError):
     """Elasticsearch could not be reached or did not answer in time (transient)."""
-
-
-class EsRequestError(SinkError):
-    """Elasticsearch refused a whole request (not per item); ``status`` and ``body`` say why."""
-
-    def __init__(self, message: str, status: int, body: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = body
-
-
-def redact(url: str) -> str:
-    """``scheme://host:port`` of ``url``: no user, password, path or query."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or "?"
-        port = f":{parts.port}" if parts.port else ""
-        return f"{parts.scheme or 'http'}://{host}{port}"
-    except ValueError:
-        return "<invalid url>"
 
 
 class Transport(Protocol):
@@ -63,7 +58,30 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def _decode(status: int, data: bytes) -> Any:
+class _Bytes(elastic_transport.Serializer):
+    """Bodies pass through as bytes both ways: requests are serialized already, and answers
+    are decoded by :func:`_decode`, which also copes with a proxy's non-JSON error page."""
+
+    mimetype: ClassVar[str] = JSON
+
+    def loads(self, data: bytes) -> Any:
+        return data
+
+    def dumps(self, data: Any) -> bytes:
+        if not isinstance(data, bytes):
+            raise TypeError(f"request bodies are sent as bytes, got {type(data).__name__}")
+        return data
+
+
+_BYTES = _Bytes()
+_SERIALIZERS = {m: _BYTES for m in (JSON, NDJSON, "application/*", "text/*")}
+
+
+def _decode(data: Any) -> Any:
+    if isinstance(data, str):
+        data = data.encode()
+    if not isinstance(data, bytes):
+        return data if isinstance(data, (dict, list)) else None
     if not data:
         return None
     try:
@@ -72,142 +90,138 @@ def _decode(status: int, data: bytes) -> Any:
         return {"error": {"type": "unparseable_response", "reason": data[:200].decode("latin-1")}}
 
 
-class UrllibTransport:
-    """A connection pool we create and own, for a URL."""
+class EsTransport:
+    """Requests over an ``elastic_transport.Transport``: one we built (``owned``, closed by
+    :meth:`close`; its nodes carry auth and timeouts) or a user's client's (left open; its
+    client-level headers and our ``request_timeout`` go with every request)."""
 
     def __init__(
         self,
-        url: str,
+        transport: elastic_transport.Transport,
+        description: str,
         *,
-        api_key: str | tuple[str, str] | None = None,
-        basic_auth: tuple[str, str] | None = None,
-        ca_certs: str | None = None,
-        verify_certs: bool = True,
-        request_timeout: float = 30.0,
-        maxsize: int = 8,
+        owned: bool,
+        headers: Mapping[str, str] | None = None,
+        request_timeout: float | None = None,
+        max_retries: int = 0,
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigurationError(
-                f"Elasticsearch URL must be http(s)://host:port, got {redact(url)!r}"
-            )
-        self.description = redact(url)
-        self._base = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        self._prefix = parts.path.rstrip("/")
-        self._headers = {"Accept": JSON, "Content-Type": JSON}
-        if parts.username and basic_auth is None:
-            basic_auth = (parts.username, parts.password or "")
-        if basic_auth is not None:
-            user, password = basic_auth
-            self._headers.update(urllib3.make_headers(basic_auth=f"{user}:{password}"))
-        if api_key is not None:
-            if isinstance(api_key, tuple):
-                api_key = base64.b64encode(f"{api_key[0]}:{api_key[1]}".encode()).decode()
-            self._headers["Authorization"] = f"ApiKey {api_key}"
-        kwargs: dict[str, Any] = {}
-        if parts.scheme == "https":
-            kwargs["cert_reqs"] = "CERT_REQUIRED" if verify_certs else "CERT_NONE"
-            if ca_certs:
-                kwargs["ca_certs"] = ca_certs
-        self._timeout = urllib3.Timeout(connect=min(10.0, request_timeout), read=request_timeout)
-        self._pool = urllib3.PoolManager(maxsize=maxsize, block=False, retries=False, **kwargs)
+        self._transport = transport
+        self.description = description
+        self._owned = owned
+        base = {k: v for k, v in (headers or {}).items() if k.lower() not in _JSON_HEADERS}
+        self._headers = {False: {**base, **_JSON_HEADERS}, True: {**base, **_NDJSON_HEADERS}}
+        self._options: dict[str, Any] = {
+            "max_retries": max_retries,
+            "retry_on_status": (),
+            "retry_on_timeout": False,
+        }
+        if request_timeout is not None:
+            self._options["request_timeout"] = request_timeout
 
     def request(
         self, method: str, path: str, body: bytes | None = None, *, ndjson: bool = False
     ) -> tuple[int, Any]:
-        headers = self._headers if not ndjson else {**self._headers, "Content-Type": NDJSON}
         try:
-            resp = self._pool.request(
-                method,
-                self._base + self._prefix + path,
-                body=body,
-                headers=headers,
-                timeout=self._timeout,
-                retries=False,
-                redirect=False,
+            meta, data = self._transport.perform_request(
+                method, path, body=body, headers=self._headers[ndjson], **self._options
             )
-        except urllib3.exceptions.HTTPError as exc:
+        except elastic_transport.TransportError as exc:
             raise EsUnavailableError(
                 f"{method} {path.split('?')[0]} on {self.description}: {type(exc).__name__}"
             ) from exc
-        return resp.status, _decode(resp.status, resp.data)
+        return int(meta.status), _decode(data)
 
     def close(self) -> None:
-        self._pool.clear()
+        if self._owned:
+            self._transport.close()
 
 
-class ClientTransport:
-    """Requests through a user's ``elasticsearch.Elasticsearch`` client (not closed by us): its
-    nodes, auth and TLS settings, but plain JSON media types and no client-side retries."""
-
-    def __init__(self, client: Any, request_timeout: float = 30.0) -> None:
-        self._client = client
-        self._transport = client.transport
-        headers = dict(getattr(client, "_headers", {}) or {})
-        headers = {k: v for k, v in headers.items() if k.lower() not in ("accept", "content-type")}
-        self._headers = {**headers, "accept": JSON, "content-type": JSON}
-        self._timeout = request_timeout
-        nodes = [redact(str(getattr(n, "base_url", n))) for n in self._transport.node_pool.all()]
-        self.description = ",".join(nodes) or "elasticsearch client"
-
-    def request(
-        self, method: str, path: str, body: bytes | None = None, *, ndjson: bool = False
-    ) -> tuple[int, Any]:
-        from elastic_transport import TransportError
-
-        headers = self._headers if not ndjson else {**self._headers, "content-type": NDJSON}
-        try:
-            meta, resp_body = self._transport.perform_request(
-                method,
-                path,
-                headers=headers,
-                body=body,
-                request_timeout=self._timeout,
-                max_retries=0,
-                retry_on_timeout=False,
-            )
-        except TransportError as exc:
-            raise EsUnavailableError(
-                f"{method} {path.split('?')[0]} on {self.description}: {type(exc).__name__}"
-            ) from exc
-        if isinstance(resp_body, (bytes, str)):
-            resp_body = _decode(
-                meta.status, resp_body.encode() if isinstance(resp_body, str) else resp_body
-            )
-        elif resp_body is not None and not isinstance(resp_body, (dict, list)):
-            resp_body = None
-        return int(meta.status), resp_body
-
-    def close(self) -> None:
-        """The client is the caller's: we do not close it."""
+def _describe(configs: Sequence[elastic_transport.NodeConfig]) -> str:
+    return ",".join(f"{c.scheme}://{c.host}:{c.port}" for c in configs)
 
 
-def make_transport(
-    es: Any,
+def _auth_header(
+    api_key: str | tuple[str, str] | None, basic_auth: tuple[str, str] | None
+) -> dict[str, str]:
+    if api_key is not None:
+        if isinstance(api_key, tuple):
+            api_key = base64.b64encode(f"{api_key[0]}:{api_key[1]}".encode()).decode()
+        return {"authorization": f"ApiKey {api_key}"}
+    if basic_auth is not None:
+        token = base64.b64encode(f"{basic_auth[0]}:{basic_auth[1]}".encode()).decode()
+        return {"authorization": f"Basic {token}"}
+    return {}
+
+
+def _node_config(url: str, auth: Mapping[str, str], **options: Any) -> elastic_transport.NodeConfig:
+    try:
+        parsed = url_to_node_config(url.strip(), use_default_ports_for_scheme=True)
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https"):
+        raise ConfigurationError(
+            f"Elasticsearch URL must be http(s)://host:port, got {redact(url)!r}"
+        )
+    # URL userinfo counts only when no api_key / basic_auth option was given.
+    headers = {**dict(parsed.headers), **auth}
+    prefix = parsed.path_prefix.rstrip("/")
+    return dataclasses.replace(parsed, path_prefix=prefix, headers=headers, **options)
+
+
+def connect(
+    urls: str | Sequence[str],
     *,
     api_key: str | tuple[str, str] | None = None,
     basic_auth: tuple[str, str] | None = None,
     ca_certs: str | None = None,
+    client_cert: str | None = None,
+    client_key: str | None = None,
+    http_compress: bool = False,
     request_timeout: float = 30.0,
     maxsize: int = 8,
-) -> tuple[Transport, bool]:
-    """A transport for a URL (created, so owned: ``True``) or for a client (``False``)."""
-    if isinstance(es, str):
-        return (
-            UrllibTransport(
-                es,
-                api_key=api_key,
-                basic_auth=basic_auth,
-                ca_certs=ca_certs,
-                request_timeout=request_timeout,
-                maxsize=maxsize,
-            ),
-            True,
+) -> EsTransport:
+    """An owned transport over ``urls`` (one URL, a comma-separated list, or a sequence)."""
+    if isinstance(urls, str):
+        urls = [u for u in urls.split(",") if u.strip()]
+    if not urls:
+        raise ConfigurationError("Elasticsearch needs at least one http(s)://host:port URL")
+    auth = _auth_header(api_key, basic_auth)
+    options = {
+        "ca_certs": ca_certs,
+        "client_cert": client_cert,
+        "client_key": client_key,
+        "http_compress": http_compress,
+        "request_timeout": request_timeout,
+        "connections_per_node": maxsize,
+    }
+    configs = [_node_config(str(url), auth, **options) for url in urls]
+    transport = elastic_transport.Transport(
+        configs, serializers=_SERIALIZERS, meta_header=False, max_retries=0
+    )
+    # A refused connection moves on to the next node at once; one pass over the pool at most.
+    return EsTransport(transport, _describe(configs), owned=True, max_retries=len(configs) - 1)
+
+
+def make_transport(es: Any, **options: Any) -> tuple[Transport, bool]:
+    """A transport for ``es`` and whether the caller owns it: URLs give an owned
+    :func:`connect` (``options`` are its keywords); an ``elasticsearch.Elasticsearch`` client
+    or a ready :class:`Transport` (tests, proxies) stay the caller's."""
+    if isinstance(es, str) or (isinstance(es, Sequence) and all(isinstance(u, str) for u in es)):
+        return connect(es, **options), True
+    inner = getattr(es, "transport", None)
+    if isinstance(inner, elastic_transport.Transport):
+        nodes = [n.config for n in inner.node_pool.all()]
+        transport = EsTransport(
+            inner,
+            _describe(nodes) or "elasticsearch client",
+            owned=False,
+            # The client keeps its auth headers on itself, not on its nodes.
+            headers=getattr(es, "_headers", None),
+            request_timeout=options.get("request_timeout", 30.0),
         )
-    if hasattr(es, "transport") and hasattr(es.transport, "perform_request"):
-        return ClientTransport(es, request_timeout), False
+        return transport, False
     if hasattr(es, "request") and hasattr(es, "description"):
-        return es, False  # already a Transport (tests, proxies)
+        return es, False
     raise ConfigurationError(f"es must be an Elasticsearch URL or client, got {type(es).__name__}")
 
 

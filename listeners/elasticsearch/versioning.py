@@ -36,6 +36,7 @@ import bson
 from bson.timestamp import Timestamp
 
 from singleton.errors import SinkError
+from singleton.mongo import event_time
 
 #: 2020-01-01T00:00:00Z. Cluster times before it cannot be encoded.
 EPOCH = 1_577_836_800
@@ -160,8 +161,8 @@ class EventVersioner:
         self._cache_size = cache_size
 
     def version(self, event: Mapping[str, Any]) -> int:
-        ts = event.get("clusterTime")
-        if not isinstance(ts, Timestamp):
+        ts = event_time(event)
+        if ts is None:
             raise VersionOverflowError(f"change event has no clusterTime: {event.get('_id')!r}")
         return encode(ts.time, ts.inc, self.position(event, ts))
 
@@ -204,7 +205,7 @@ def first_seq_at(client: Any, ts: Timestamp) -> int | None:
             event = stream.try_next()
             if event is not None:
                 break
-        if event is None or event.get("clusterTime") != ts:
+        if event is None or event_time(event) != ts:
             return None
         doc = _bson_token(_token_bytes(event))
         seq = None if doc is None else doc.get("s")

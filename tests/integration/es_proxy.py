@@ -7,24 +7,23 @@ other request passes through unchanged.
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-
-import urllib3
+from urllib.parse import urlsplit
 
 
 class BulkRejectingProxy:
     def __init__(self, upstream: str, reject_ratio: float = 0.3, seed: int = 0) -> None:
-        self.upstream = upstream.rstrip("/")
+        self.upstream = urlsplit(upstream)
         self.reject_ratio = reject_ratio
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.rejected = 0
         self.forwarded = 0
-        self.http = urllib3.PoolManager(maxsize=8)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -44,14 +43,7 @@ class BulkRejectingProxy:
                 if self.command == "POST" and self.path.split("?")[0].endswith("/_bulk") and body:
                     status, data = proxy.bulk(self.path, body, headers)
                 else:
-                    resp = proxy.http.request(
-                        self.command,
-                        proxy.upstream + self.path,
-                        body=body,
-                        headers=headers,
-                        retries=False,
-                    )
-                    status, data = resp.status, resp.data
+                    status, data = proxy.forward(self.command, self.path, body, headers)
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -64,6 +56,18 @@ class BulkRejectingProxy:
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def forward(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
+        """One request upstream, on a connection of its own (the handler runs in many threads)."""
+        conn = http.client.HTTPConnection(self.upstream.netloc, timeout=60)
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
 
     def bulk(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         lines = body.splitlines()
@@ -81,12 +85,10 @@ class BulkRejectingProxy:
         results: list[Any] = []
         if keep:
             payload = b"\n".join(b"\n".join(a) for a in keep) + b"\n"
-            resp = self.http.request(
-                "POST", self.upstream + path, body=payload, headers=headers, retries=False
-            )
-            if resp.status != 200:
-                return resp.status, resp.data
-            results = json.loads(resp.data)["items"]
+            status, data = self.forward("POST", path, payload, headers)
+            if status != 200:
+                return status, data
+            results = json.loads(data)["items"]
         merged = []
         it = iter(results)
         for action, rejected in zip(actions, reject, strict=True):
@@ -118,4 +120,3 @@ class BulkRejectingProxy:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
-        self.http.clear()

@@ -1,8 +1,10 @@
-"""Helpers for the ElasticsearchSync tests: tenures without an elector, a random workload, and
-reading a change stream up to a marker (no sleeps: the marker event is the synchronisation)."""
+"""Helpers for the ElasticsearchSync tests: tenures without an elector, a random workload, a
+SecantusDB of a test module's own, and reading a change stream up to a marker (no sleeps: the
+marker event is the synchronisation)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Iterator
@@ -11,45 +13,50 @@ from typing import Any
 import pymongo
 from bson.timestamp import Timestamp
 
-from listeners.base import ListenerContext, default_logger
-from singleton.clock import SYSTEM_CLOCK
+from listeners.base import ChangeStreamListener, ListenerContext, default_logger
 from singleton.leadership import Leadership
-from singleton.testing import MemoryLeaseBackend
+from singleton.service.embedded import MongoServer
+from singleton.testing import FakeClock, MemoryLeaseBackend
 
 MARKER = "~marker"
 
 
+@contextlib.contextmanager
+def own_client() -> Iterator[pymongo.MongoClient[dict[str, Any]]]:
+    """A client on a SecantusDB of its own. SecantusDB finds where a transaction starts (and a
+    cluster time) by scanning its oplog: tests with many writes, or many transactions, would
+    slow each other down on the shared server."""
+    with MongoServer() as server:
+        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(server.url)
+        try:
+            yield client
+        finally:
+            client.close()
+
+
 class Tenures:
-    """Successive tenures of one lease (tokens 1, 2, ...) that stay valid until ended."""
+    """Successive tenures of one lease (tokens 1, 2, ...), each on a clock of its own, so that
+    it stays valid until :meth:`end` moves that clock past its renew deadline."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.backend = MemoryLeaseBackend()
         self.n = 0
+        self._clocks: dict[int, FakeClock] = {}
 
-    def next(self) -> Leadership:
+    def next(self, client: Any, progress: Any = None) -> ListenerContext:
+        """The context of the next tenure (a newer fencing token than every earlier one)."""
         self.n += 1
         lease = self.backend.try_acquire(self.name, f"replica-{self.n}/x", ttl=3600)
         assert lease is not None
         self.backend.release(lease)
-        return Leadership(lease, f"replica-{self.n}", SYSTEM_CLOCK.monotonic() + 3600, SYSTEM_CLOCK)
+        clock = self._clocks[lease.token] = FakeClock()
+        ld = Leadership(lease, f"replica-{self.n}", clock.monotonic() + 3600, clock)
+        return ListenerContext(ld, client, default_logger(), self.name, progress)
 
-
-def context(ld: Leadership, client: Any, name: str, progress: Any = None) -> ListenerContext:
-    return ListenerContext(
-        leadership=ld,
-        client=client,
-        logger=default_logger(),
-        listener_name=name,
-        progress=progress,
-    )
-
-
-def cluster_time(client: Any) -> Timestamp:
-    reply = client.admin.command("ping")
-    ts = reply["$clusterTime"]["clusterTime"]
-    assert isinstance(ts, Timestamp)
-    return ts
+    def end(self, ctx: ListenerContext) -> None:
+        """That tenure's renew deadline passes, as for a paused or partitioned leader."""
+        self._clocks[ctx.token].advance(3600)
 
 
 def put_marker(coll: Any, marker: str = MARKER) -> None:
@@ -86,6 +93,22 @@ def events_until_marker(
                 batch = []
             if done:
                 return
+
+
+def handle_until_marker(
+    listener: ChangeStreamListener,
+    ctx: ListenerContext,
+    coll: Any,
+    start: Timestamp,
+    marker: str = MARKER,
+) -> int:
+    """Hand every event from ``start`` through the marker's delete to ``listener``, in batches
+    as the runner would; returns how many events there were."""
+    events = 0
+    for batch in events_until_marker(coll, start, marker=marker):
+        listener.handle_batch(batch, ctx)
+        events += len(batch)
+    return events
 
 
 def random_workload(

@@ -10,15 +10,9 @@ import pymongo
 from listeners.deadletter import DeadLetterStore
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.verify import compare
+from singleton.mongo import cluster_time
+from tests.integration import es_support
 from tests.integration.es_proxy import BulkRejectingProxy
-from tests.integration.es_support import (
-    Tenures,
-    cluster_time,
-    context,
-    events_until_marker,
-    put_marker,
-    random_workload,
-)
 
 
 def test_429_for_30_percent_of_items_loses_nothing_and_bad_documents_are_dead_lettered(
@@ -38,16 +32,15 @@ def test_429_for_30_percent_of_items_loses_nothing_and_bad_documents_are_dead_le
             dead_letters=dead,
             bulk_actions=200,
         )
-        ctx = context(Tenures(listener.lease_name).next(), client, listener.lease_name)
+        ctx = es_support.Tenures(listener.lease_name).next(client)
         start = cluster_time(client)
-        random_workload(client, coll, 1500, seed=9, ids=400)
+        es_support.random_workload(client, coll, 1500, seed=9, ids=400)
         coll.insert_one({"_id": "bad", "n": "not a number", "ok": False})
         coll.insert_many([{"_id": f"after{i}", "n": i} for i in range(50)])
-        put_marker(coll)
-        for batch in events_until_marker(coll, start):
-            listener.handle_batch(batch, ctx)
+        es_support.put_marker(coll)
+        es_support.handle_until_marker(listener, ctx, coll, start)
         assert proxy.rejected > 100, proxy.rejected
-        assert listener._writer is not None and listener._writer.stats.retried >= proxy.rejected
+        assert listener.stats.retried >= proxy.rejected, listener.stats
         listener.close()
 
     diff = compare(coll, es_url, listener.index_name)

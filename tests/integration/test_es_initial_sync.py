@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pymongo
@@ -15,30 +15,21 @@ from listeners.checkpoint import MongoCheckpointStore
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.verify import compare
 from singleton.errors import LeaseLostError
-from singleton.service.embedded import MongoServer
-from tests.integration.es_support import (
-    Tenures,
-    cluster_time,
-    context,
-    events_until_marker,
-    put_marker,
-)
+from singleton.mongo import cluster_time
+from tests.integration import es_support
 
 DOCS = 20_000
 
 
 @pytest.fixture
 def client() -> Iterator[pymongo.MongoClient[dict[str, Any]]]:
-    # A server of its own: SecantusDB finds a cluster time by scanning its oplog, and 20,000
-    # inserts would slow every later test's transaction-anchor lookups on the shared server.
-    with MongoServer() as server:
-        c: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(server.url)
+    # 20,000 inserts would slow every later test's transaction-anchor lookups on the shared server.
+    with es_support.own_client() as c:
         yield c
-        c.close()
 
 
 class Writer(threading.Thread):
-    """Updates, inserts and deletes until told to stop (at least ``minimum`` writes)."""
+    """Updates, inserts and deletes until told to stop."""
 
     def __init__(self, coll: Any, seed: int) -> None:
         super().__init__(daemon=True)
@@ -63,6 +54,27 @@ class Writer(threading.Thread):
         except BaseException as exc:  # surfaced by the test
             self.error = exc
 
+    def finish(self) -> None:
+        self.stop.set()
+        self.join(30)
+        assert self.error is None, self.error
+        assert self.writes > 100, self.writes
+
+
+class Counting:
+    """A transform that indexes documents unchanged, counts them and calls ``at`` with the count
+    (the copy calls it from the thread that runs ``initial_sync``)."""
+
+    def __init__(self, at: Callable[[int], None] | None = None) -> None:
+        self.count = 0
+        self.at = at
+
+    def __call__(self, doc: dict[str, Any]) -> dict[str, Any]:
+        self.count += 1
+        if self.at is not None:
+            self.at(self.count)
+        return doc
+
 
 def test_initial_sync_with_concurrent_writes_resumes_after_a_stop(
     client: pymongo.MongoClient[dict[str, Any]], es_url: str, unique: str
@@ -71,56 +83,35 @@ def test_initial_sync_with_concurrent_writes_resumes_after_a_stop(
     coll = client[db]["docs"]
     coll.insert_many([{"_id": i, "n": i, "tag": f"t{i % 97}"} for i in range(DOCS)])
     progress = MongoCheckpointStore(client, database=f"cp{unique}")
-    tenures = Tenures(f"{db}.docs")
-    first = tenures.next()
-    seen: list[int] = []
+    tenures = es_support.Tenures(f"{db}.docs")
+    first = tenures.next(client, progress)
 
-    def stop_midway(doc: dict[str, Any]) -> dict[str, Any]:
-        seen.append(1)
-        if len(seen) == DOCS // 2:
-            first._end("lost")  # the tenure ends in the middle of the copy
-        return doc
+    def end_midway(n: int) -> None:
+        if n == DOCS // 2:
+            tenures.end(first)  # the tenure ends in the middle of the copy
 
     writer = Writer(coll, seed=11)
     start = cluster_time(client)  # what the runner does before calling initial_sync
     writer.start()
-    listener = ElasticsearchSync(
-        database=db,
-        collection="docs",
-        es=es_url,
-        transform=stop_midway,
-        copy_batch_size=2000,
-        concurrency=2,
-    )
+    options: dict[str, Any] = {"database": db, "collection": "docs", "es": es_url}
+    listener = ElasticsearchSync(**options, transform=Counting(end_midway), concurrency=2)
     with pytest.raises(LeaseLostError):
-        listener.initial_sync(context(first, client, listener.lease_name, progress))
+        listener.initial_sync(first)
     saved = progress.load_progress(listener.lease_name)
     assert saved is not None and 0 < saved["copied"] < DOCS, saved
-    copied_before = saved["copied"]
 
     # A successor resumes the copy (it streams from its own later cluster time, as the runner).
-    second = tenures.next()
-    seen.clear()
+    second = tenures.next(client, progress)
     start2 = cluster_time(client)
-    listener2 = ElasticsearchSync(
-        database=db,
-        collection="docs",
-        es=es_url,
-        transform=stop_midway,
-        copy_batch_size=2000,
-    )
-    listener2.initial_sync(context(second, client, listener.lease_name, progress))
-    assert len(seen) <= DOCS + 2000 - copied_before + 600, "the copy did not resume"
+    seen = Counting()
+    listener2 = ElasticsearchSync(**options, transform=seen)
+    listener2.initial_sync(second)
+    assert seen.count <= DOCS + 2000 - saved["copied"] + 600, "the copy did not resume"
     assert progress.load_progress(listener.lease_name) is None  # cleared once complete
-    writer.stop.set()
-    writer.join(30)
-    assert writer.error is None, writer.error
-    assert writer.writes > 100, writer.writes
+    writer.finish()
 
-    put_marker(coll)
-    ctx = context(second, client, listener.lease_name, progress)
-    for batch in events_until_marker(coll, start2):
-        listener2.handle_batch(batch, ctx)
+    es_support.put_marker(coll)
+    es_support.handle_until_marker(listener2, second, coll, start2)
     diff = compare(coll, es_url, listener2.index_name)
     assert diff.ok, diff
     assert diff.mongo_count > DOCS - 2000

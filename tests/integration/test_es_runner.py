@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pymongo
-import urllib3
 
 from listeners.checkpoint import MongoCheckpointStore
 from listeners.elasticsearch import ElasticsearchSync
+from listeners.elasticsearch.transport import connect
 from listeners.elasticsearch.verify import compare
 from singleton.service.embedded import wait_until
 from singleton.testing import MemoryLeaseBackend
-from tests.integration.es_support import random_workload
+from tests.integration import es_support
 from tests.integration.listener_support import make_runner
 
 
@@ -33,19 +33,19 @@ def test_runner_initial_sync_streaming_and_handover(
     a_listener, b_listener = listener(), listener()
     a = make_runner(mongo_url, db, backend, a_listener, "a", store).start()
     b = None
-    http = urllib3.PoolManager()
+    http = connect(es_url)
 
     def indexed(key: str) -> bool:
-        url = f"{es_url}/{a_listener.index_name}/_doc/{key}?realtime=true"
-        return http.request("GET", url).status == 200
+        path = f"/{a_listener.index_name}/_doc/{key}?realtime=true"
+        return http.request("GET", path)[0] == 200
 
     try:
         wait_until(lambda: a.status()["state"] == "streaming", 120, what="A synced and streaming")
-        random_workload(client, coll, 600, seed=21, ids=3200)
+        es_support.random_workload(client, coll, 600, seed=21, ids=3200)
         b = make_runner(mongo_url, db, backend, b_listener, "b", store).start()
         a.stop()  # planned handover: A drains, checkpoints and releases
         wait_until(lambda: b.status()["state"] == "streaming", 60, what="B streaming")
-        random_workload(client, coll, 600, seed=22, ids=3200)
+        es_support.random_workload(client, coll, 600, seed=22, ids=3200)
         coll.insert_one({"_id": "~end"})  # events arrive in order: once it is indexed, all are
         wait_until(lambda: indexed("~end"), 120, interval=0.1, what="the last write indexed")
         diff = compare(coll, es_url, a_listener.index_name)
@@ -55,6 +55,7 @@ def test_runner_initial_sync_streaming_and_handover(
             b.stop()
         a_listener.close()
         b_listener.close()
+        http.close()
         client.close()
     assert diff.ok, diff
     assert diff.mongo_count > 2500

@@ -1,8 +1,10 @@
 """ElasticsearchSync against SecantusDB and osmem-server: the index equals the collection after a
-random workload, replays change nothing, and a deposed leader's late writes are refused."""
+random workload, replays change nothing, a deposed leader's late writes are refused, and the
+transport moves past a dead node without showing credentials."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,32 +12,18 @@ import pymongo
 import pytest
 
 from listeners.elasticsearch import ElasticsearchSync
+from listeners.elasticsearch.transport import EsUnavailableError, connect
 from listeners.elasticsearch.verify import compare, es_documents
-from singleton.errors import LeaseLostError
-from singleton.service.embedded import MongoServer
-from tests.integration.es_support import (
-    Tenures,
-    cluster_time,
-    context,
-    events_until_marker,
-    put_marker,
-    random_workload,
-)
+from singleton.errors import ConfigurationError, LeaseLostError
+from singleton.mongo import cluster_time
+from tests.integration import es_support
 
 
 @pytest.fixture(scope="module")
-def own_mongo() -> Iterator[MongoServer]:
-    # A server of its own: on SecantusDB, finding where a transaction starts scans the oplog,
-    # which the rest of the suite would otherwise have grown to tens of thousands of entries.
-    with MongoServer() as server:
-        yield server
-
-
-@pytest.fixture
-def client(own_mongo: MongoServer) -> Iterator[pymongo.MongoClient[dict[str, Any]]]:
-    c: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(own_mongo.url)
-    yield c
-    c.close()
+def client() -> Iterator[pymongo.MongoClient[dict[str, Any]]]:
+    # Thousands of transactions here: on the shared server they would slow the others down.
+    with es_support.own_client() as c:
+        yield c
 
 
 def make(db: str, es_url: str, **kw: Any) -> ElasticsearchSync:
@@ -48,28 +36,22 @@ def test_random_workload_then_full_replay(
     db = f"es{unique}"
     coll = client[db]["docs"]
     listener = make(db, es_url, bulk_actions=400, concurrency=2)
-    tenures = Tenures(listener.lease_name)
-    ctx = context(tenures.next(), client, listener.lease_name)
+    ctx = es_support.Tenures(listener.lease_name).next(client)
     start = cluster_time(client)
-    counts = random_workload(client, coll, 5000, seed=5)
+    counts = es_support.random_workload(client, coll, 5000, seed=5)
     assert counts["txn"] > 100 and counts["delete"] > 300, counts
-    put_marker(coll)
-    events = 0
-    for batch in events_until_marker(coll, start):
-        listener.handle_batch(batch, ctx)
-        events += len(batch)
+    es_support.put_marker(coll)
+    events = es_support.handle_until_marker(listener, ctx, coll, start)
     assert events >= 2500  # updates and deletes of absent documents produce no event
     diff = compare(coll, es_url, listener.index_name)
     assert diff.ok, diff
     assert diff.mongo_count > 100
     before = es_documents(es_url, listener.index_name)
-    assert listener._writer is not None
-    written = listener._writer.stats.written
+    written = listener.stats.written
 
     # Replaying the whole stream from the start changes nothing: every write is refused (409).
-    for batch in events_until_marker(coll, start):
-        listener.handle_batch(batch, ctx)
-    assert listener._writer.stats.written == written, listener._writer.stats
+    es_support.handle_until_marker(listener, ctx, coll, start)
+    assert listener.stats.written == written, listener.stats
     assert es_documents(es_url, listener.index_name) == before
     diff = compare(coll, es_url, listener.index_name)
     assert diff.ok, diff
@@ -81,36 +63,32 @@ def test_deposed_leader_replaying_old_events_changes_nothing(
 ) -> None:
     db = f"es{unique}"
     coll = client[db]["docs"]
-    name = f"{db}.docs"
-    tenures = Tenures(name)
-    old_ld = tenures.next()
+    tenures = es_support.Tenures(f"{db}.docs")
+    old_ctx = tenures.next(client)
     start = cluster_time(client)
-    random_workload(client, coll, 600, seed=7, ids=80)
+    es_support.random_workload(client, coll, 600, seed=7, ids=80)
     coll.insert_many([{"_id": f"doomed{i}", "n": i} for i in range(20)])
     coll.insert_one({"_id": "edited", "n": 1})
-    put_marker(coll)
-    old_batches = list(events_until_marker(coll, start, batch_size=100))
+    es_support.put_marker(coll)
+    old_batches = list(es_support.events_until_marker(coll, start, batch_size=100))
 
     # The successor handles everything, then deletes and edits documents.
     new = make(db, es_url)
-    new_ctx = context(tenures.next(), client, name)
-    assert new_ctx.token > old_ld.token
+    new_ctx = tenures.next(client)
+    assert new_ctx.token > old_ctx.token
     coll.delete_many({"_id": {"$regex": "^doomed"}})
     coll.update_one({"_id": "edited", "n": 1}, {"$set": {"n": 2, "by": "successor"}})
-    put_marker(coll, "~second")
-    for batch in events_until_marker(coll, start, marker="~second"):
-        new.handle_batch(batch, new_ctx)
+    es_support.put_marker(coll, "~second")
+    es_support.handle_until_marker(new, new_ctx, coll, start, marker="~second")
     assert compare(coll, es_url, new.index_name).ok
     before = es_documents(es_url, new.index_name)
     assert "doomed3" not in before and before["edited"]["by"] == "successor"
 
     # The deposed leader (paused, still believing it leads) replays its older events.
     old = make(db, es_url)
-    old_ctx = context(old_ld, client, name)
     for batch in old_batches:
         old.handle_batch(batch, old_ctx)
-    assert old._writer is not None
-    assert old._writer.stats.written == 0, old._writer.stats
+    assert old.stats.written == 0, old.stats
     after = es_documents(es_url, new.index_name)
     assert after == before
     assert not any(k.startswith("doomed") for k in after), "a deleted document was resurrected"
@@ -118,7 +96,7 @@ def test_deposed_leader_replaying_old_events_changes_nothing(
     assert diff.ok, diff
 
     # Once its tenure has ended it does not even send.
-    old_ld._end("lost")
+    tenures.end(old_ctx)
     with pytest.raises(LeaseLostError):
         old.handle_batch(old_batches[0], old_ctx)
     new.close()
@@ -128,25 +106,32 @@ def test_deposed_leader_replaying_old_events_changes_nothing(
 def test_index_bootstrap_raises_gc_deletes(
     client: pymongo.MongoClient[dict[str, Any]], es_url: str, unique: str
 ) -> None:
-    import json
-
-    import urllib3
-
     db = f"es{unique}"
     index = f"{db}.docs"
-    http = urllib3.PoolManager()
-    resp = http.request(
-        "PUT",
-        f"{es_url}/{index}",
-        body=b'{"settings":{"index.gc_deletes":"60s"}}',
-        headers={"Content-Type": "application/json"},
-    )
-    assert resp.status == 200
+    http = connect(es_url)
+    status, _ = http.request("PUT", f"/{index}", b'{"settings":{"index.gc_deletes":"60s"}}')
+    assert status == 200
     listener = make(db, es_url, ttl=10, request_timeout=20, gc_safety_factor=5)
     assert listener.gc_deletes_seconds == 150
-    ctx = context(Tenures(index).next(), client, index)
-    listener._setup(ctx)
-    listener.ensure_index(index, ctx)
-    settings = json.loads(http.request("GET", f"{es_url}/{index}/_settings").data)
-    assert settings[index]["settings"]["index"]["gc_deletes"] == "150s"
+    listener.ensure_index(index, es_support.Tenures(index).next(client))
+    status, settings = http.request("GET", f"/{index}/_settings")
+    assert settings[index]["settings"]["index"]["gc_deletes"] == "150s", (status, settings)
     listener.close()
+    http.close()
+
+
+def test_transport_moves_past_a_dead_node_and_never_shows_credentials(es_url: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://user:secret@127.0.0.1:{s.getsockname()[1]}"  # refused once closed
+    http = connect([dead, es_url.replace("http://", "http://user:secret@")], request_timeout=5)
+    assert "secret" not in http.description and "user" not in http.description
+    assert [http.request("GET", "/")[0] for _ in range(4)] == [200] * 4
+    http.close()
+    lone = connect(dead, request_timeout=5)
+    with pytest.raises(EsUnavailableError) as unavailable:
+        lone.request("GET", "/")
+    lone.close()
+    with pytest.raises(ConfigurationError) as invalid:
+        connect("ftp://user:secret@localhost:9200")
+    assert "secret" not in str(unavailable.value) + str(invalid.value)
