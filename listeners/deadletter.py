@@ -18,7 +18,12 @@ from bson.timestamp import Timestamp
 from loguru import logger
 
 from singleton import mongo
-from singleton.errors import LeaseLostError, SingletonError
+from singleton.errors import (
+    LeaseLostError,
+    SingletonError,
+    SinkRejectedError,
+    SinkUnavailableError,
+)
 from singleton.retry import Backoff
 
 if TYPE_CHECKING:
@@ -141,7 +146,9 @@ class PoisonHandler:
             try:
                 self._handle(events, ctx)
                 return None, attempt
-            except LeaseLostError:
+            except (LeaseLostError, SinkUnavailableError, SinkRejectedError):
+                # Not about these events: a lost lease, or a sink that is down or refuses every
+                # request. Retrying them one by one would only dead-letter good events.
                 raise
             except Exception as exc:
                 error = exc

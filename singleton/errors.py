@@ -42,5 +42,19 @@ class SinkError(SingletonError):
     """A sink (for example Elasticsearch) failed to acknowledge a batch."""
 
 
+class SinkUnavailableError(SinkError, BackendUnavailableError):
+    """The sink could not be reached, timed out, or asked us to come back later (429, 5xx).
+
+    Transient: retried with backoff while the lease holds; never a dead letter, since no event
+    is at fault.
+    """
+
+
+class SinkRejectedError(SinkError):
+    """The sink refused the whole request (401/403, a 400 about the request itself): no event
+    is at fault and retrying will not help, so the tenure fails (and resigns) instead of
+    dead-lettering the batch."""
+
+
 class HistoryLostError(SingletonError):
     """The saved resume position is no longer in the oplog (server error 286 and its family)."""
