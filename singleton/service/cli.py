@@ -11,33 +11,22 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.redact import redact
-from singleton.service.config import Config, TestSwitches, load_config
+from singleton.service.config import Config, LeaseConfig, TestSwitches, load_config
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
+TOP_FLAGS = (
+    *("backend", "redis_url", "mongo_url", "es_url", "namespace", "identity"),
+    *("checkpoint_store", "metrics_address", "log_format", "log_level"),
+)
+LEASE_FLAGS = tuple(f.name for f in fields(LeaseConfig))
 #: flag -> config key (top level or "table.key")
-FLAG_KEYS = {
-    "backend": "backend",
-    "redis_url": "redis_url",
-    "mongo_url": "mongo_url",
-    "es_url": "es_url",
-    "namespace": "namespace",
-    "identity": "identity",
-    "checkpoint_store": "checkpoint_store",
-    "metrics_address": "metrics_address",
-    "log_format": "log_format",
-    "log_level": "log_level",
-    "ttl": "lease.ttl",
-    "renew_interval": "lease.renew_interval",
-    "renew_deadline": "lease.renew_deadline",
-    "retry_interval": "lease.retry_interval",
-    "max_tenure": "lease.max_tenure",
-    "cooldown": "lease.cooldown",
-}
+FLAG_KEYS = {**{k: k for k in TOP_FLAGS}, **{k: f"lease.{k}" for k in LEASE_FLAGS}}
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -52,14 +41,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-address", help="HOST:PORT for /metrics, /healthz, /readyz; 'off'")
     p.add_argument("--log-format", help="text or json")
     p.add_argument("--log-level")
-    for key in (
-        "ttl",
-        "renew_interval",
-        "renew_deadline",
-        "retry_interval",
-        "max_tenure",
-        "cooldown",
-    ):
+    for key in LEASE_FLAGS:
         p.add_argument("--" + key.replace("_", "-"), dest=key, help=f"lease {key} in seconds")
     # One ordered list, so that each --option applies to the --listener before it.
     p.add_argument(

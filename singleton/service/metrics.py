@@ -29,31 +29,24 @@ if TYPE_CHECKING:
 #: RunnerStatus attributes exported per lease: attribute -> (metric name, help, counter?).
 #: Counters are produced from the start; the gauges once their value exists (after a first batch,
 #: and for the checkpoint age after a first checkpoint too). Declare nothing that has no source.
+_COUNTER, _GAUGE = True, False
 RUNNER_METRICS = {
-    "events_handled": ("singleton_events_processed", "Change events handled", True),
-    "batches": ("singleton_batches_processed", "Batches handled", True),
+    "events_handled": ("singleton_events_processed", "Change events handled", _COUNTER),
+    "batches": ("singleton_batches_processed", "Batches handled", _COUNTER),
     "last_batch_seconds": (
         "singleton_batch_latency_seconds",
-        "Seconds the last batch took to deliver, retries included",
-        False,
+        "Last batch, retries included",
+        _GAUGE,
     ),
     "checkpoint_age_seconds": (
         "singleton_checkpoint_age_seconds",
         "Cluster-time seconds between the last checkpoint and the newest event seen",
-        False,
+        _GAUGE,
     ),
-    "sink_errors": ("singleton_sink_errors", "handle_batch attempts that raised", True),
-    "dead_lettered": ("singleton_dead_letters", "Events dead-lettered", True),
-    "listener_failed": (
-        "singleton_listener_failed",
-        "1 while this replica's last tenure of the lease failed (it resigned and cools down)",
-        False,
-    ),
-    "failed_tenures": (
-        "singleton_failed_tenures",
-        "Consecutive failed tenures of the lease on this replica",
-        False,
-    ),
+    "sink_errors": ("singleton_sink_errors", "handle_batch attempts that raised", _COUNTER),
+    "dead_lettered": ("singleton_dead_letters", "Events dead-lettered", _COUNTER),
+    "listener_failed": ("singleton_listener_failed", "1 while the last tenure failed", _GAUGE),
+    "failed_tenures": ("singleton_failed_tenures", "Consecutive failed tenures", _GAUGE),
 }
 
 

@@ -17,6 +17,7 @@ import glob
 import os
 import shutil
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -116,31 +117,36 @@ def via_proxy(url: str, port: int) -> str:
     )
 
 
+@dataclass
+class ClusterSpec:
+    """What the drill's cluster is made of (the drill's options extend it)."""
+
+    backend: str = "redis"
+    replicas: int = 3
+    timings: LeaseTimings = DRILL_TIMINGS
+    #: servers to use instead of embedded ones
+    redis_url: str | None = None
+    mongo_url: str | None = None
+    es_url: str | None = None
+    #: TESTS ONLY: replicas run with fencing off
+    unsafe: bool = False
+    #: replicas run under libfaketime, so that their wall clocks can jump
+    clock_jumps: bool = False
+
+
 class DrillCluster:
     """Starts (or connects to) the servers and N replicas; knows who leads."""
 
-    def __init__(
-        self,
-        workdir: Path,
-        *,
-        backend: str = "redis",
-        replicas: int = 3,
-        timings: LeaseTimings = DRILL_TIMINGS,
-        redis_url: str | None = None,
-        mongo_url: str | None = None,
-        es_url: str | None = None,
-        unsafe: bool = False,
-        clock_jumps: bool = False,
-    ) -> None:
+    def __init__(self, workdir: Path, spec: ClusterSpec) -> None:
         self.workdir = workdir
-        self.backend_name = backend
-        self.n = replicas
-        self.timings = timings
-        self.unsafe = unsafe
-        self.clock_jumps = clock_jumps
+        self.backend_name = spec.backend
+        self.n = spec.replicas
+        self.timings = spec.timings
+        self.unsafe = spec.unsafe
+        self.clock_jumps = spec.clock_jumps
         self.redis: PersistentRedis | None = None
         self.servers: list[EmbeddedServer] = []
-        self.urls = {"redis": redis_url, "mongo": mongo_url, "es": es_url}
+        self.urls = {"redis": spec.redis_url, "mongo": spec.mongo_url, "es": spec.es_url}
         self.proxies: dict[str, TcpProxy] = {}
         #: one Elasticsearch proxy per replica, so one replica's sink can refuse it
         self.es_proxies: dict[str, TcpProxy] = {}

@@ -26,6 +26,9 @@ SHORT = {
     "redis-restart": "R-RST",
     "redis-pause": "R-PAUSE",
     "clock-jump": "CLOCK",
+    "lease-wipe": "WIPE",
+    "checkpoint-loss": "CP-LOSS",
+    "listener-error": "L-ERR",
 }
 
 

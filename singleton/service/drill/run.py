@@ -27,9 +27,9 @@ from singleton.service.drill import faults as fl
 from singleton.service.drill.cluster import (
     COLLECTION,
     DATABASE,
-    DRILL_TIMINGS,
     INDEX,
     LEASE,
+    ClusterSpec,
     DrillCluster,
 )
 from singleton.service.drill.history import AuditTail, Sampler
@@ -43,26 +43,18 @@ from singleton.service.drill.verdict import (
     write_lag,
 )
 from singleton.service.registry import make_backend
-from singleton.timings import LeaseTimings
 
 SCHEMA_VERSION = 1
 
 
 @dataclass
-class DrillOptions:
-    backend: str = "redis"
-    replicas: int = 3
+class DrillOptions(ClusterSpec):
     rounds: int = 20
     seed: int = 1
     kinds: list[str] = field(default_factory=list)
     rate: float = 40.0
     txn_share: float = 0.05
     workdir: str | None = None
-    redis_url: str | None = None
-    mongo_url: str | None = None
-    es_url: str | None = None
-    unsafe: bool = False
-    timings: LeaseTimings = DRILL_TIMINGS
     #: seconds a leader may take to stream again after a fault (beyond the fault itself)
     recover_timeout: float = 30.0
     quiesce_timeout: float = 30.0
@@ -77,17 +69,8 @@ class Drill:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.stop = threading.Event()
         self.schedule = fl.plan(opts.seed, opts.rounds, opts.kinds, opts.timings.ttl)
-        self.cluster = DrillCluster(
-            self.workdir,
-            backend=opts.backend,
-            replicas=opts.replicas,
-            timings=opts.timings,
-            redis_url=opts.redis_url,
-            mongo_url=opts.mongo_url,
-            es_url=opts.es_url,
-            unsafe=opts.unsafe,
-            clock_jumps="clock-jump" in opts.kinds,
-        )
+        opts.clock_jumps = "clock-jump" in opts.kinds
+        self.cluster = DrillCluster(self.workdir, opts)
         self.injected: list[fl.FaultRecord] = []
         self.stalls: list[str] = []
         self.t0 = time.monotonic()
