@@ -144,6 +144,7 @@ class ListenerRunner:
             audit=audit,
             failure_budget=failure_budget,
             last_seen=self.last_seen,
+            lease_store=elector.backend,
         )
         self._lock = threading.Lock()
         self._tenure: _Tenure | None = None

@@ -5,7 +5,9 @@ Failure model: the lease may end at any instant (pause, partition, a stale renew
 connection may drop, and the oplog may roll past the saved position. So every MongoDB call is
 bounded by half the renew deadline (:meth:`TenureWorker._bounded`), ``ctx.check()`` runs before
 every ``handle_batch`` and every checkpoint write, and a tenure starts by *claiming* the checkpoint
-(fencing it with its token, so a deposed leader's later writes are refused). Transient errors
+(fencing it with its token, so a deposed leader's later writes are refused); a claim that finds
+none when this replica or the lease store's marker (:mod:`listeners.checkpoint_marker`) knows
+one existed applies ``on_history_lost`` instead of starting afresh. Transient errors
 (:func:`singleton.mongo.classify`) are retried in place, from the last checkpoint, after a backoff
 (:class:`singleton.retry.Backoff`), for at most ``failure_budget`` seconds of consecutive failure;
 errors that retrying cannot fix (history lost with policy ``fail``, refused permissions, another
@@ -29,6 +31,7 @@ from loguru import logger
 from listeners.audit import AuditLog, ts_pair
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext, StopReason
 from listeners.checkpoint import CheckpointStore
+from listeners.checkpoint_marker import CheckpointMarker
 from listeners.checkpoint_policy import CheckpointPolicy, LastSeen
 from listeners.deadletter import DeadLetterStore, PoisonEventError, PoisonHandler
 from listeners.status import RetriesExhaustedError, StatusBoard, TenureOutcome
@@ -45,6 +48,7 @@ from singleton.errors import (
 from singleton.retry import Backoff
 
 if TYPE_CHECKING:
+    from singleton.abc import LeaseBackend
     from singleton.leadership import Leadership
 
 
@@ -71,6 +75,8 @@ class TenureSettings:
     audit: AuditLog | None
     failure_budget: float
     last_seen: LastSeen
+    #: The elector's lease store, where the checkpoint marker lives.
+    lease_store: LeaseBackend
 
 
 class TenureWorker:
@@ -108,6 +114,7 @@ class TenureWorker:
             on_saved=self._saved,
             deployment=settings.listener.deployment(),
         )
+        self._marker = CheckpointMarker(settings.lease_store, self.name, self._bounded)
         self._backoff = Backoff(
             settings.reconnect_backoff, settings.max_reconnect_backoff, rng=settings.rng
         )
@@ -120,6 +127,7 @@ class TenureWorker:
 
     def _saved(self, cp: Any) -> None:
         self._s.last_seen.saw(cp)
+        self._marker.saved(cp)
         self._board.set(
             last_checkpoint_cluster_time=cp.cluster_time, last_checkpoint_at=self._s.clock.time()
         )
@@ -182,18 +190,15 @@ class TenureWorker:
                 pos = self._recover(exc, pos)
 
     def _start(self) -> StartPosition:
-        """Claim the checkpoint; start where it stands, or copy first, or notice it vanished."""
+        """Claim the checkpoint; start where it stands, or notice it vanished, or copy first."""
         cp = self._policy.claim()
         seen = self._s.last_seen.checkpoint
         self._s.last_seen.saw(cp)
         if cp is not None:
             return StartPosition.of(cp)
-        if seen is not None:
-            return self._history_lost(
-                f"checkpoint of {self.name} disappeared: last seen at {seen.cluster_time} "
-                f"token {seen.fencing_token}",
-                seen.cluster_time,
-            )
+        gone = self._marker.disappeared(seen)
+        if gone is not None:
+            return self._history_lost(*gone)
         if self._s.listener.has_initial_sync():
             return self._sync("initial sync")
         return StartPosition()

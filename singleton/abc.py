@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -78,6 +79,10 @@ class LeaseBackend(ABC):
     * **Unknown outcomes are errors.** When the server cannot be reached or does not answer in
       time, operations raise :class:`~singleton.errors.BackendUnavailableError` (never return a
       guess). Driver exceptions never leak: they are translated into ``singleton.errors``.
+    * **Facts outlive leases, not the store.** :meth:`remember` keeps a small record per name
+      beside the lease, untouched by grants, renewals, releases and expiry, and lost only with
+      the store's data (with the fencing counter). It lets work under a lease leave a note that
+      survives losing *its* store, e.g. "this listener has had a checkpoint".
     * **Ownership of clients.** A backend closes only a client it created from a URL.
     """
 
@@ -121,6 +126,21 @@ class LeaseBackend(ABC):
         backend.
         """
 
+    @abstractmethod
+    def remember(self, name: str, facts: Mapping[str, str | int]) -> None:
+        """Merge ``facts`` into the record of ``name`` (creating it), in one atomic write.
+
+        Fields not named in ``facts`` are kept. Values are stored as strings. The record is not
+        fenced (anyone may write it: write only facts that stay true whoever wrote them last) and
+        has no expiry: it lasts as long as the store keeps its data, whatever the lease does.
+        Field names are non-empty strings without ``.`` and not starting with ``$``.
+        """
+
+    @abstractmethod
+    def recall(self, name: str) -> dict[str, str]:
+        """The record :meth:`remember` keeps for ``name``: every field, values as strings;
+        empty if nothing was remembered (or the store lost its data since)."""
+
     def contend(self, name: str, holder: str, ttl: float) -> Lease | LeaseState | None:
         """Try to acquire; on failure say who holds it, ideally in one round trip.
 
@@ -162,3 +182,20 @@ def validate_lease_args(name: str, holder: str | None = None, ttl: float | None 
         isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0
     ):
         raise ConfigurationError(f"lease ttl must be a positive number of seconds, got {ttl!r}")
+
+
+def validate_facts(name: str, facts: Mapping[str, str | int]) -> dict[str, str]:
+    """Check :meth:`LeaseBackend.remember`'s arguments before any I/O; the fields as strings."""
+    validate_lease_args(name)
+    if not isinstance(facts, Mapping) or not facts:
+        raise ConfigurationError(f"facts must be a non-empty mapping, got {facts!r}")
+    fields: dict[str, str] = {}
+    for field, value in facts.items():
+        if not isinstance(field, str) or not field or "." in field or field.startswith("$"):
+            raise ConfigurationError(
+                f"fact names must be non-empty strings without '.' or a leading '$', got {field!r}"
+            )
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ConfigurationError(f"fact {field!r} must be a str or an int, got {value!r}")
+        fields[field] = str(value)
+    return fields

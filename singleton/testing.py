@@ -11,9 +11,16 @@ lease backend that keeps the full :class:`~singleton.abc.LeaseBackend` contract.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from singleton.abc import Lease, LeaseBackend, LeaseState, validate_lease_args
+from singleton.abc import (
+    Lease,
+    LeaseBackend,
+    LeaseState,
+    validate_facts,
+    validate_lease_args,
+)
 from singleton.backends._notify import ReleaseNotifier
 from singleton.clock import SYSTEM_CLOCK, Clock
 
@@ -62,6 +69,7 @@ class MemoryLeaseBackend(LeaseBackend):
         self._lock = threading.Lock()
         self._leases: dict[str, _Entry] = {}
         self._counters: dict[str, int] = {}
+        self._facts: dict[str, dict[str, str]] = {}
         self._notifier = ReleaseNotifier()
         #: Every operation, for tests that count round trips: (operation, name).
         self.calls: list[tuple[str, str]] = []
@@ -135,14 +143,28 @@ class MemoryLeaseBackend(LeaseBackend):
     ) -> bool:
         return self._notifier.wait(name, timeout, wake)
 
+    def remember(self, name: str, facts: Mapping[str, str | int]) -> None:
+        fields = validate_facts(name, facts)
+        with self._lock:
+            self.calls.append(("remember", name))
+            self._facts.setdefault(name, {}).update(fields)
+
+    def recall(self, name: str) -> dict[str, str]:
+        validate_lease_args(name)
+        with self._lock:
+            self.calls.append(("recall", name))
+            return dict(self._facts.get(name, {}))
+
     def expire(self, name: str) -> None:
         """Forget the live lease of ``name`` without notifying, as a crashed holder's expiry."""
         with self._lock:
             self._leases.pop(name, None)
 
     def reset(self) -> None:
-        """Lose every lease and fencing counter without notifying, as a store that lost its
-        data (Redis ``FLUSHALL`` or a restart without persistence, a dropped collection)."""
+        """Lose every lease, fencing counter and remembered fact without notifying, as a store
+        that lost its data (Redis ``FLUSHALL`` or a restart without persistence, a dropped
+        collection)."""
         with self._lock:
             self._leases.clear()
             self._counters.clear()
+            self._facts.clear()

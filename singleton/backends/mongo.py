@@ -9,7 +9,8 @@ One document per lease name in ``<database>.<collection>`` (default ``singleton.
      acquiredAt: <date>,     # server time of the grant that minted ``token``
      renewedAt: <date>,      # server time of the last grant or renewal
      contendedAt: <date>,    # server time of the last contend (grant or not), for ttl_remaining
-     releasedAt: <date>}     # server time of the last release (absent until one)
+     releasedAt: <date>,     # server time of the last release (absent until one)
+     facts: {<str>: <str>}}  # LeaseBackend.remember's record: no lease operation touches it
 
 Indexes: only the default unique ``_id`` index. There is deliberately no TTL index: the TTL
 monitor runs once a minute, so liveness is ``expiresAt > $$NOW`` evaluated inside each operation.
@@ -35,9 +36,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import pymongo
 import pymongo.errors as perr
@@ -46,7 +47,7 @@ from pymongo import ReturnDocument
 from pymongo.collection import Collection
 from pymongo.write_concern import WriteConcern
 
-from singleton.abc import Lease, LeaseState, validate_lease_args
+from singleton.abc import Lease, LeaseState, validate_facts, validate_lease_args
 from singleton.backends._base import ServerLeaseBackend
 from singleton.backends._notify import ReleaseFeed
 from singleton.errors import BackendError, ConfigurationError
@@ -54,6 +55,7 @@ from singleton.mongo import classify, client, translate
 from singleton.redact import redact
 
 Doc = dict[str, Any]
+_T = TypeVar("_T")
 
 DEFAULT_TIMEOUT = 2.5
 #: How long one change-stream getMore waits server-side; bounds how late ``close()`` ends it.
@@ -188,18 +190,13 @@ class MongoLeaseBackend(ServerLeaseBackend):
     def contend(self, name: str, holder: str, ttl: float) -> Lease | LeaseState | None:
         validate_lease_args(name, holder, ttl)
         pipeline = _contend_pipeline(holder, ttl)
-        doc: Doc | None = None
-        for attempt in (1, 2):
-            try:
-                with self._translate("acquire", name):
-                    doc = self._coll.find_one_and_update(
-                        {"_id": name}, pipeline, upsert=True, return_document=ReturnDocument.AFTER
-                    )
-                break
-            except BackendError as exc:
-                # Nothing here deletes documents, so the second try meets the inserted one.
-                if attempt == 2 or not isinstance(exc.__cause__, perr.DuplicateKeyError):
-                    raise
+        doc: Doc | None = self._upsert(
+            "acquire",
+            name,
+            lambda: self._coll.find_one_and_update(
+                {"_id": name}, pipeline, upsert=True, return_document=ReturnDocument.AFTER
+            ),
+        )
         if doc is None:  # an upsert always returns the document after; be explicit anyway
             return None
         if doc.get("holder") == holder:
@@ -243,6 +240,20 @@ class MongoLeaseBackend(ServerLeaseBackend):
             return None
         return self._state(name, docs[0], None)
 
+    def remember(self, name: str, facts: Mapping[str, str | int]) -> None:
+        fields = validate_facts(name, facts)
+        update = {"$set": {f"facts.{k}": v for k, v in fields.items()}}
+        self._upsert(
+            "remember", name, lambda: self._coll.update_one({"_id": name}, update, upsert=True)
+        )
+
+    def recall(self, name: str) -> dict[str, str]:
+        validate_lease_args(name)
+        with self._translate("recall", name):
+            doc = self._coll.find_one({"_id": name}, projection={"facts": 1})
+        facts = (doc or {}).get("facts") or {}
+        return {str(k): str(v) for k, v in facts.items()}
+
     def describe(self) -> str:
         return f"mongo {self._url} {self.database}.{self.collection}"
 
@@ -285,6 +296,18 @@ class MongoLeaseBackend(ServerLeaseBackend):
             self._feed.notify(name)
 
     # -- helpers ----------------------------------------------------------------------------
+    def _upsert(self, op: str, name: str, write: Callable[[], _T]) -> _T:
+        """``write`` (an upsert of ``{_id: name}``), once more if a concurrent upsert inserted
+        the document first: nothing here deletes documents, so the retry meets that one."""
+        for attempt in (1, 2):
+            try:
+                with self._translate(op, name):
+                    return write()
+            except BackendError as exc:
+                if attempt == 2 or not isinstance(exc.__cause__, perr.DuplicateKeyError):
+                    raise
+        raise AssertionError("unreachable")
+
     @staticmethod
     def _state(name: str, doc: Mapping[str, Any], now: datetime | None) -> LeaseState | None:
         holder = doc.get("holder")

@@ -10,6 +10,8 @@ Layout, under ``namespace`` (default ``singleton``):
   they keep growing even after Redis lost the counter (a restart without persistence, a failover
   to a replica that had not seen the last writes), as long as Redis's clock does not step back
   and fewer than 1,000 grants a second are made of one name.
+* ``<ns>:facts:<name>``: a hash, never expiring, never touched by the lease scripts: what
+  :meth:`~singleton.abc.LeaseBackend.remember` merged (one ``HSET``, atomic).
 * ``<ns>:released``: a pub/sub channel; a release publishes the lease name on it.
 
 Failure model: Redis expires keys by its own clock, so expiry needs no agreement between client
@@ -28,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,7 +39,7 @@ import redis.exceptions as rex
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from singleton.abc import Lease, LeaseState, validate_lease_args
+from singleton.abc import Lease, LeaseState, validate_facts, validate_lease_args
 from singleton.backends._base import ServerLeaseBackend
 from singleton.backends._notify import ReleaseFeed
 from singleton.errors import (
@@ -250,6 +252,17 @@ class RedisLeaseBackend(ServerLeaseBackend):
             return None
         return LeaseState(name, _text(reply[1]), int(reply[0]), self._seconds(reply[2]))
 
+    def remember(self, name: str, facts: Mapping[str, str | int]) -> None:
+        fields = validate_facts(name, facts)
+        with self._translate("remember", name):
+            self._client.hset(self._facts(name), mapping=fields)  # type: ignore[arg-type]
+
+    def recall(self, name: str) -> dict[str, str]:
+        validate_lease_args(name)
+        with self._translate("recall", name):
+            stored: dict[Any, Any] = self._client.hgetall(self._facts(name))
+        return {_text(k): _text(v) for k, v in stored.items()}
+
     def describe(self) -> str:
         return f"redis {self._url} namespace={self.namespace}"
 
@@ -299,6 +312,9 @@ class RedisLeaseBackend(ServerLeaseBackend):
 
     def _fence(self, name: str) -> str:
         return f"{self.namespace}:fence:{name}"
+
+    def _facts(self, name: str) -> str:
+        return f"{self.namespace}:facts:{name}"
 
     @staticmethod
     def _value(lease: Lease) -> str:

@@ -17,6 +17,7 @@ from loguru import logger
 
 from listeners import Checkpoint, ListenerRunner, MongoCheckpointStore
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext
+from listeners.checkpoint import CheckpointStore
 from listeners.deadletter import DeadLetterStore
 from listeners.status import RunnerState
 from singleton import Elector
@@ -122,7 +123,7 @@ def make_runner(
     backend: LeaseBackend,
     listener: ChangeStreamListener,
     identity: str,
-    store: MongoCheckpointStore | None = None,
+    store: CheckpointStore | None = None,
     **kw: Any,
 ) -> ListenerRunner:
     elector = Elector(
@@ -228,15 +229,16 @@ class Writer(threading.Thread):
 
 
 class LogCapture:
-    """Collects loguru records at ERROR and above."""
+    """Collects loguru records at ``level`` (default ERROR) and above."""
 
-    def __init__(self) -> None:
+    def __init__(self, level: str = "ERROR") -> None:
         self.errors: list[str] = []
+        self._level = level
         self._id: int | None = None
 
     def __enter__(self) -> LogCapture:
         self._id = logger.add(
-            lambda m: self.errors.append(str(m)), level="ERROR", format="{message}"
+            lambda m: self.errors.append(str(m)), level=self._level, format="{message}"
         )
         return self
 

@@ -216,6 +216,40 @@ def test_contend(backend: LeaseBackend) -> None:
     assert isinstance(after, Lease) and after.token > won.token
 
 
+def test_remember_and_recall(backend: LeaseBackend) -> None:
+    assert backend.recall("job") == {}
+    backend.remember("job", {"checkpointed": "1", "token": 7})
+    backend.remember("job", {"token": 8, "at": "1700000000"})  # merged, not replaced
+    assert backend.recall("job") == {"checkpointed": "1", "token": "8", "at": "1700000000"}
+    assert backend.recall("other") == {}
+
+
+def test_facts_outlive_every_lease_operation(backend: LeaseBackend) -> None:
+    backend.remember("job", {"before": "any lease"})  # a name that never had a lease
+    assert backend.inspect("job") is None  # remembering grants nothing
+    a = acquire(backend, "job", "a/1", ttl=SHORT)
+    backend.remember("job", {"during": a.token})
+    renewed = backend.renew(a, ttl=SHORT)
+    assert renewed is not None
+    assert acquire(backend, "job", "a/1", ttl=SHORT).token == a.token  # an extension
+    expire(backend, "job")
+    b = acquire(backend, "job", "b/1")
+    assert b.token > a.token  # the fencing counter is not disturbed by the record either
+    assert backend.release(b)
+    assert backend.recall("job") == {"before": "any lease", "during": str(a.token)}
+    c = acquire(backend, "job", "c/1")
+    assert c.token > b.token and backend.recall("job")["during"] == str(a.token)
+
+
+def test_facts_are_lost_with_the_store(backend: LeaseBackend) -> None:
+    backend.remember("job", {"checkpointed": "1"})
+    acquire(backend, "job", "a/1")
+    lose_all_data(backend)
+    assert backend.recall("job") == {}
+    backend.remember("job", {"checkpointed": "2"})
+    assert backend.recall("job") == {"checkpointed": "2"}
+
+
 BAD_CALLS: list[tuple[str, Callable[[LeaseBackend], object]]] = [
     ("acquire empty name", lambda b: b.try_acquire("", "a/1", 1)),
     ("acquire empty holder", lambda b: b.try_acquire("job", "", 1)),
@@ -229,6 +263,13 @@ BAD_CALLS: list[tuple[str, Callable[[LeaseBackend], object]]] = [
     ("renew ttl True", lambda b: b.renew(Lease("job", "a/1", 1, True))),
     ("renew empty name", lambda b: b.renew(Lease("", "a/1", 1, 1))),
     ("inspect empty name", lambda b: b.inspect("")),
+    ("remember empty name", lambda b: b.remember("", {"a": "1"})),
+    ("remember no facts", lambda b: b.remember("job", {})),
+    ("remember dotted field", lambda b: b.remember("job", {"a.b": "1"})),
+    ("remember $ field", lambda b: b.remember("job", {"$set": "1"})),
+    ("remember bool value", lambda b: b.remember("job", {"a": True})),
+    ("remember float value", lambda b: b.remember("job", {"a": 1.5})),  # type: ignore[dict-item]
+    ("recall empty name", lambda b: b.recall("")),
 ]
 
 
@@ -241,6 +282,7 @@ def test_bad_arguments_rejected_before_io(
     if isinstance(backend, MemoryLeaseBackend):
         assert backend.calls == []
     assert backend.inspect("job") is None  # nothing was granted on the way
+    assert backend.recall("job") == {}  # nor remembered
 
 
 def test_tokens_keep_growing_after_the_store_loses_all_its_data(backend: LeaseBackend) -> None:

@@ -114,3 +114,22 @@ def test_tokens_keep_growing_after_the_store_loses_its_data(
     assert after.token > max(*tokens, held.token), (tokens, held, after)
     assert after.token == ms(clock)
     assert backend.release(held) is False  # the old holder cannot free the new lease
+
+
+def test_facts_outlive_expiry_and_expire_but_not_reset(
+    backend: MemoryLeaseBackend, clock: FakeClock
+) -> None:
+    grant(backend)
+    backend.remember("job", {"checkpointed": "1", "token": 3})
+    clock.advance(TTL)  # expired exactly at the boundary
+    assert backend.inspect("job") is None
+    grant(backend, "b/1")
+    backend.expire("job")  # a crashed holder
+    assert backend.recall("job") == {"checkpointed": "1", "token": "3"}
+    backend.reset()
+    assert backend.recall("job") == {}
+    assert [c for c in backend.calls if c[0] in ("remember", "recall")] == [
+        ("remember", "job"),
+        ("recall", "job"),
+        ("recall", "job"),
+    ]
