@@ -135,7 +135,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     metrics = None
     if config.metrics_address not in (None, "", "off"):
         assert config.metrics_address is not None
-        metrics = MetricsServer(replica, config.metrics_address).start()
+        try:
+            metrics = MetricsServer(replica, config.metrics_address).start()
+        except OSError as exc:
+            raise ConfigurationError(
+                f"metrics_address {config.metrics_address!r} cannot be served: {exc.strerror}"
+            ) from None
     try:
         return replica.run()
     finally:

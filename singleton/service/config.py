@@ -224,9 +224,17 @@ def load_config(
     if path is not None:
         p = Path(path)
         try:
-            data = tomllib.loads(p.read_text())
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigurationError(f"config file {str(p)!r} does not exist") from None
+        except IsADirectoryError:
+            raise ConfigurationError(f"config file {str(p)!r} is a directory") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigurationError(
+                f"config file {str(p)!r} is not UTF-8 text (byte {exc.start}: {exc.reason})"
+            ) from None
+        except OSError as exc:
+            raise ConfigurationError(f"config file {str(p)!r} cannot be read: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigurationError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
         _merge(merged, data, str(p), from_text=False)
@@ -260,6 +268,22 @@ def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
         )
 
 
+def _check_mongo_url(url: str) -> None:
+    """Parse a ``mongodb://`` URL before anything connects (``+srv`` needs DNS: left to the
+    driver), so an unencoded ``@`` or ``%`` in a password is a clean exit naming the value."""
+    if not url.startswith("mongodb://"):
+        return
+    from pymongo.errors import InvalidURI
+    from pymongo.uri_parser import parse_uri
+
+    try:
+        parse_uri(url)
+    except (InvalidURI, ValueError) as exc:
+        raise ConfigurationError(
+            f"mongo_url is not a valid MongoDB URL, got {redact(url)!r}: {redact(str(exc))}"
+        ) from None
+
+
 def _validate(config: Config) -> None:
     _choice("backend", config.backend, BACKENDS)
     _choice("checkpoint_store", config.checkpoint_store, BACKENDS)
@@ -275,6 +299,7 @@ def _validate(config: Config) -> None:
             raise ConfigurationError(
                 f"{key} must start with {' or '.join(schemes)}, got {redact(value)!r}"
             )
+    _check_mongo_url(config.mongo_url)
     if config.metrics_address not in (None, "", "off"):
         host, _, port = str(config.metrics_address).rpartition(":")
         if not host or not port.isdigit() or not 0 <= int(port) < 65536:

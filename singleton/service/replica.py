@@ -45,8 +45,8 @@ def build_listener(lc: ListenerConfig, config: Config) -> ChangeStreamListener:
         return kind.cls(**options)
     except SingletonError:
         raise
-    except TypeError as exc:
-        raise ConfigurationError(f"listener {lc.use!r}: {exc}") from exc
+    except Exception as exc:  # a user's __init__ may raise anything: name the listener
+        raise ConfigurationError(f"listener {lc.use!r}: {type(exc).__name__}: {exc}") from exc
 
 
 def build_listeners(config: Config) -> list[ChangeStreamListener]:
@@ -103,7 +103,10 @@ class Replica:
         switches: TestSwitches | None = None,
     ) -> None:
         if not config.listeners:
-            raise ConfigurationError("no listeners configured: add a [[listeners]] table")
+            raise ConfigurationError(
+                "no listeners configured: pass --config singleton.toml (or $SINGLETON_CONFIG) with "
+                "a [[listeners]] table, or --listener USE"
+            )
         self.config = config
         self.identity = config.identity or default_identity()
         self._own_backend = backend is None

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from listeners.base import ChangeStreamListener
 from singleton.redact import redact
 from singleton.service.cli import main
 from singleton.service.config import ConfigurationError, load_config
@@ -114,6 +115,35 @@ def test_redact() -> None:
 
 
 # -- the command line: exit code 2 and a message naming the bad value -------------------------
+class Exploding(ChangeStreamListener):
+    """A user's listener whose constructor fails."""
+
+    def __init__(self, **options: object) -> None:
+        raise RuntimeError("boom")
+
+
+def test_a_config_file_that_is_not_utf8_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('namespace = "caf\xe9"\n'.encode("latin-1"))
+    assert main(["status", "--config", str(path)]) == 2
+    assert "is not UTF-8" in capsys.readouterr().err
+
+
+def test_a_metrics_port_in_use_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        argv = ["run", "--listener", "logging", "-o", "database=a"]
+        argv += ["--metrics-address", f"127.0.0.1:{port}"]
+        assert main(argv) == 2
+    assert "cannot be served" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -127,6 +157,16 @@ def test_redact() -> None:
         (["run", "--listener", "logging", "-o", "database=shop", "-o", "colection=x"], "colection"),
         (["status", "--config", "/nonexistent/singleton.toml"], "does not exist"),
         (["status", "--redis-url", "redis:/:hunter2@x"], "redis_url must start with"),
+        (["run", "--config", "/"], "is a directory"),
+        (["run", "--listener", "builtins:dict"], "not a subclass of"),
+        (["run", "--listener", "os:getcwd"], "not a subclass of"),
+        (["run", "--listener", "tests.unit.test_config:Exploding"], "RuntimeError: boom"),
+        (["run", "--ttl", "1e6", "--listener", "logging"], "ttl must be < 1000000"),
+        (["run", "--mongo-url", "mongodb://u:hunter2@x@h/", "--listener", "logging"], "u:***@h"),
+        (
+            ["run", "--mongo-url", "mongodb://u:hun%ter2@h/", "--listener", "logging"],
+            "not a valid MongoDB URL",
+        ),
     ],
 )
 def test_cli_bad_input_exits_2(

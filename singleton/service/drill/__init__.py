@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="redis", choices=("redis", "mongo"))
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--rounds", type=int, default=20, help="number of faults (default 20)")
-    p.add_argument("--faults", help=f"comma-separated kinds (default: all that apply): {KINDS}")
+    p.add_argument(
+        "--faults", help=f"comma-separated kinds (default: all that apply): {', '.join(KINDS)}"
+    )
     p.add_argument("--seed", type=int, default=1, help="the schedule is a function of the seed")
     p.add_argument("--rate", type=float, default=40.0, help="writer operations per second")
     p.add_argument("--ttl", type=float, default=2.5, help="lease ttl in seconds (default 2.5)")
