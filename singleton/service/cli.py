@@ -1,4 +1,4 @@
-"""The ``singleton`` command: ``run``, ``status``, ``demo``, ``drill``.
+"""The ``singleton`` command: ``run``, ``status``, ``verify``, ``demo``, ``drill``.
 
 Exit codes: 0 success; 1 a verdict failed or the service failed at run time; 2 bad input (the
 message names the key, the value and the rule).
@@ -30,6 +30,12 @@ FLAG_KEYS = {**{k: k for k in TOP_FLAGS}, **{k: f"lease.{k}" for k in LEASE_FLAG
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    _connection(p)
+    _listener_flags(p)
+
+
+def _connection(p: argparse.ArgumentParser) -> None:
+    """The configuration file and what overrides it: stores, namespace, timings, logs."""
     p.add_argument("--config", "-c", help="singleton.toml (default: $SINGLETON_CONFIG)")
     p.add_argument("--backend", help="lease store: redis or mongo")
     p.add_argument("--redis-url")
@@ -43,6 +49,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level")
     for key in LEASE_FLAGS:
         p.add_argument("--" + key.replace("_", "-"), dest=key, help=f"lease {key} in seconds")
+
+
+def _listener_flags(p: argparse.ArgumentParser) -> None:
     # One ordered list, so that each --option applies to the --listener before it.
     p.add_argument(
         "--listener",
@@ -73,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common(status)
     status.add_argument("--json", action="store_true")
     status.add_argument("--lease", action="append", default=[], help="also show this lease")
+    verify = sub.add_parser(
+        "verify", help="compare each Elasticsearch index with its collection (--repair fixes)"
+    )
+    _connection(verify)
+    verify.add_argument("--listener", dest="listener_name", metavar="NAME", help="only this one")
+    verify.add_argument("--repair", action="store_true", help="fix with versioned writes")
+    verify.add_argument("--json", action="store_true")
     demo = sub.add_parser("demo", help="the whole thing on embedded servers, with a verdict")
     demo.add_argument("--duration", type=float, default=45.0, help="seconds (default 45)")
     demo.add_argument("--replicas", type=int, default=3)
@@ -157,6 +173,40 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_FAILED if status["errors"] else EXIT_OK
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Exit 0 when every index equals its collection (after the repair, with --repair)."""
+    from singleton.service.verify import verify
+
+    config = config_from_args(args)
+    reports = verify(config, args.listener_name, repair=args.repair)
+    if args.repair and not all(r.ok for r in reports):
+        repaired = {r.listener: r for r in reports}
+        reports = verify(config, args.listener_name)  # what the repair left, if anything
+        for r in reports:
+            r.repaired = repaired[r.listener].repaired
+            r.refused_as_newer = repaired[r.listener].refused_as_newer
+    if args.json:
+        print(json.dumps([r.as_dict() for r in reports]))  # noqa: T201
+    else:
+        for r in reports:
+            print(_verify_line(r))  # noqa: T201
+    return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILED
+
+
+def _verify_line(r: Any) -> str:
+    head = f"{r.listener} -> {r.index}: {r.documents} documents, {r.indexed} indexed"
+    if r.repaired or r.refused_as_newer:
+        head += f"; repaired {r.repaired} ({r.refused_as_newer} already newer)"
+    if r.ok:
+        return head + ": equal"
+    parts = [
+        f"\n  {kind} {len(ids)}: {', '.join(ids[:20])}{' ...' if len(ids) > 20 else ''}"
+        for kind, ids in (("missing", r.missing), ("stale", r.stale), ("extra", r.extra))
+        if ids
+    ]
+    return head + ": NOT equal" + "".join(parts)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from singleton.service.demo import run_demo
 
@@ -184,7 +234,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["drill"]:  # the drill parses its own flags (argparse.REMAINDER cannot)
         argv = ["drill", "--", *argv[1:]]
     args = parser.parse_args(argv)
-    handlers = {"run": cmd_run, "status": cmd_status, "demo": cmd_demo, "drill": cmd_drill}
+    handlers = {
+        "run": cmd_run,
+        "status": cmd_status,
+        "verify": cmd_verify,
+        "demo": cmd_demo,
+        "drill": cmd_drill,
+    }
     try:
         return int(handlers[args.command](args))
     except ConfigurationError as exc:

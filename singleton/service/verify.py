@@ -1,0 +1,150 @@
+"""``singleton verify [--repair]``: does each Elasticsearch index equal its collection?
+
+It compares with the listener's own mapping (ids, transform, JSON encoding) and prints the
+``missing``, ``stale`` and ``extra`` ids. ``--repair`` fixes them with *versioned* writes, so a
+repair can never regress a document, whoever leads meanwhile:
+
+* the cluster time ``T`` is read **before** the collection is scanned, and every repair write
+  carries the external version of ``T`` (position 0);
+* a document the stream already wrote from an event after ``T`` has a higher version: the repair
+  is refused (409) and the newer content stays;
+* a document whose last event is older than ``T`` is replaced by what the scan read, which is at
+  least as new as ``T``; a later event (version above ``T``) still overwrites it;
+* an extra id (in the index, not in the collection) is deleted with version ``T``: a document
+  inserted after ``T`` and already indexed is kept.
+
+So ``--repair`` needs no lease and cannot race the running leader into an older state.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from listeners.elasticsearch import ElasticsearchSync, compare
+from listeners.elasticsearch.documents import doc_id, source_of
+from listeners.elasticsearch.transport import Transport, make_transport, path_index
+from listeners.elasticsearch.versioning import timestamp_version
+from singleton import mongo
+from singleton.errors import ConfigurationError, SinkError
+from singleton.service.config import Config
+from singleton.service.replica import build_listeners
+
+#: Bulk actions per repair request.
+REPAIR_BATCH = 1000
+
+
+@dataclass
+class Report:
+    """One listener's comparison (and repair)."""
+
+    listener: str
+    index: str
+    missing: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    documents: int = 0
+    indexed: int = 0
+    repaired: int = 0
+    refused_as_newer: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.stale or self.extra)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "listener": self.listener,
+            "index": self.index,
+            "ok": self.ok,
+            "documents": self.documents,
+            "indexed": self.indexed,
+            "missing": self.missing,
+            "stale": self.stale,
+            "extra": self.extra,
+            "repaired": self.repaired,
+            "refused_as_newer": self.refused_as_newer,
+        }
+
+
+def es_listeners(config: Config, name: str | None) -> list[ElasticsearchSync]:
+    """The configured ElasticsearchSync listeners (only ``name`` when given)."""
+    found = [
+        listener
+        for listener in build_listeners(config)
+        if isinstance(listener, ElasticsearchSync) and name in (None, listener.lease_name)
+    ]
+    if not found:
+        what = f"named {name!r}" if name else "at all"
+        raise ConfigurationError(f"no elasticsearch listener {what} in the configuration")
+    return found
+
+
+def verify(config: Config, name: str | None = None, *, repair: bool = False) -> list[Report]:
+    """Compare (and with ``repair``, fix) every configured ElasticsearchSync listener."""
+    client, _ = mongo.client(config.mongo_url, timeout=10.0, socket_timeout=60.0)
+    try:
+        return [_verify_one(listener, client, repair) for listener in es_listeners(config, name)]
+    finally:
+        client.close()
+
+
+def _verify_one(listener: ElasticsearchSync, client: Any, repair: bool) -> Report:
+    collection = client[str(listener.database)][str(listener.collection)]
+    transport, owned = make_transport(
+        listener.es,
+        api_key=listener.api_key,
+        ca_certs=listener.ca_certs,
+        request_timeout=listener.request_timeout,
+    )
+    try:
+        at = mongo.cluster_time(client)  # before the scan: see the module docstring
+        transform: Any = listener.transform
+        diff = compare(collection, transport, listener.index_name, transform)
+        report = Report(
+            listener.lease_name,
+            listener.index_name,
+            sorted(diff.missing),
+            sorted(diff.stale),
+            sorted(diff.extra),
+            diff.mongo_count,
+            diff.es_count,
+        )
+        if repair and not report.ok:
+            _repair(report, collection, transport, timestamp_version(at), transform)
+        return report
+    finally:
+        if owned:
+            transport.close()
+
+
+def _repair(report: Report, collection: Any, transport: Any, version: int, transform: Any) -> None:
+    wanted = set(report.missing) | set(report.stale)
+    meta = {"_index": report.index, "version": version, "version_type": "external"}
+    actions: list[bytes] = []  # one bulk action each (action line, and source for an index)
+    for doc in collection.find({}):
+        key = doc_id(doc["_id"])
+        source = source_of(doc, transform) if key in wanted else None
+        if source is not None:
+            actions.append(json.dumps({"index": {**meta, "_id": key}}).encode() + b"\n" + source)
+    actions += [json.dumps({"delete": {**meta, "_id": key}}).encode() for key in report.extra]
+    for start in range(0, len(actions), REPAIR_BATCH):
+        _bulk(report, transport, actions[start : start + REPAIR_BATCH])
+
+
+def _bulk(report: Report, transport: Transport, actions: list[bytes]) -> None:
+    body = b"\n".join(actions) + b"\n"
+    path = f"/{path_index(report.index)}/_bulk?refresh=true"
+    status, reply = transport.request("POST", path, body, ndjson=True)
+    if status != 200 or not isinstance(reply, dict):
+        raise SinkError(f"repair of {report.index}: HTTP {status}")
+    for item in reply.get("items", []):
+        op, result = next(iter(item.items()))
+        code = int(result.get("status", 0))
+        if code in (200, 201) or (code == 404 and op == "delete"):
+            report.repaired += 1
+        elif code == 409:  # the stream wrote something newer meanwhile: it stays
+            report.refused_as_newer += 1
+        else:
+            raise SinkError(f"repair of {report.index}: item {result.get('_id')}: HTTP {code}")
