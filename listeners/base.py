@@ -49,6 +49,17 @@ class ProgressStore(Protocol):
         ...
 
 
+class DeadLetterSink(Protocol):
+    """Where events that cannot be handled are recorded (:class:`~listeners.deadletter.
+    DeadLetterStore`)."""
+
+    def put(
+        self, event: ChangeEvent, error: BaseException, attempts: int, ctx: ListenerContext
+    ) -> None:
+        """Record (or update) the dead letter of ``event``'s document."""
+        ...
+
+
 @dataclass
 class ListenerContext:
     """What a listener gets with every call: the tenure it acts under, and its resources."""
@@ -58,6 +69,9 @@ class ListenerContext:
     logger: Logger
     listener_name: str
     progress: ProgressStore | None = None
+    #: Where the runner keeps dead letters (a sink with its own item-level rejections writes
+    #: there too, so that ``singleton dead-letters`` sees them all).
+    dead_letters: DeadLetterSink | None = None
     #: Free-form per-tenure state for the listener's own use.
     state: dict[str, Any] = field(default_factory=dict)
 

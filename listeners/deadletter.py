@@ -18,6 +18,7 @@ from bson.timestamp import Timestamp
 from loguru import logger
 
 from singleton import mongo
+from singleton.clock import Clock
 from singleton.errors import (
     LeaseLostError,
     SingletonError,
@@ -37,7 +38,16 @@ class PoisonEventError(SingletonError):
 
 
 class DeadLetterStore:
-    """``dead_letters`` and ``gaps`` collections in one database (``singleton`` by default)."""
+    """``dead_letters`` and ``gaps`` collections in one database (the service uses its
+    ``namespace``; ``singleton`` by default).
+
+    One dead letter per document and listener (``_id: {listener, key}``): a document that fails
+    again updates its record (``attempts`` add up, ``last_seen`` moves, ``first_seen`` stays).
+    A record holds the change event as it was delivered, the reason, the sink's status code when
+    there is one, and the fencing token that wrote it. :meth:`request_replay` marks records; the
+    running leader re-delivers marked events through the listener's normal path (see
+    :class:`Replayer`), so a versioned sink can never be overwritten with something older.
+    """
 
     def __init__(
         self,
@@ -57,14 +67,56 @@ class DeadLetterStore:
         attempts: int,
         ctx: ListenerContext,
     ) -> None:
-        """Record one event the listener could not handle (after ``ctx.check()``)."""
-        self._record(
-            self.dead_letters,
-            ctx,
-            event=dict(event),
-            error=f"{type(error).__name__}: {error}",
-            attempts=attempts,
-        )
+        """Record (or update) the dead letter of ``event``'s document (after ``ctx.check()``)."""
+        ctx.check()
+        now = datetime.now(timezone.utc)
+        update = {
+            "$set": {
+                "event": dict(event),
+                "reason": f"{type(error).__name__}: {error}",
+                "status": getattr(error, "status", None),
+                "last_seen": now,
+                "fencing_token": ctx.token,
+                "holder": ctx.leadership.holder,
+            },
+            "$setOnInsert": {"first_seen": now},
+            "$inc": {"attempts": attempts},
+            "$unset": {"replay": ""},
+        }
+        key = {"listener": ctx.listener_name, "key": _event_id(event)}
+        with mongo.translate(f"dead letter for {ctx.listener_name!r}"):
+            self.dead_letters.update_one({"_id": key}, update, upsert=True)
+
+    def letters(self, listener: str, limit: int = 0) -> list[dict[str, Any]]:
+        """The dead letters of ``listener``, oldest first."""
+        with mongo.translate(f"list dead letters of {listener!r}"):
+            cursor = self.dead_letters.find({"_id.listener": listener}).sort("first_seen", 1)
+            return list(cursor.limit(limit))
+
+    def request_replay(self, listener: str) -> int:
+        """Mark every dead letter of ``listener`` for replay by its running leader."""
+        with mongo.translate(f"request replay of {listener!r}"):
+            result = self.dead_letters.update_many(
+                {"_id.listener": listener}, {"$set": {"replay": True}}
+            )
+        return int(result.modified_count)
+
+    def purge(self, listener: str) -> int:
+        """Delete every dead letter of ``listener``; returns how many."""
+        with mongo.translate(f"purge dead letters of {listener!r}"):
+            return int(self.dead_letters.delete_many({"_id.listener": listener}).deleted_count)
+
+    def replays(self, listener: str, limit: int) -> list[dict[str, Any]]:
+        with mongo.translate(f"read replays of {listener!r}"):
+            query = {"_id.listener": listener, "replay": True}
+            return list(self.dead_letters.find(query, limit=limit))
+
+    def replayed(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Delete the records whose replay succeeded (a record that failed again was updated
+        by :meth:`put`, which clears its ``replay`` mark, and stays)."""
+        ids = [r["_id"] for r in records]
+        with mongo.translate("delete replayed dead letters"):
+            self.dead_letters.delete_many({"_id": {"$in": ids}, "replay": True})
 
     def record_gap(
         self,
@@ -74,25 +126,58 @@ class DeadLetterStore:
         reason: str,
     ) -> None:
         """Record that events between ``from_time`` and ``to_time`` were never delivered."""
-        self._record(
-            self.gaps, ctx, from_cluster_time=from_time, to_cluster_time=to_time, reason=reason
-        )
 
-    def _record(self, collection: Any, ctx: ListenerContext, **fields: Any) -> None:
         ctx.check()
         doc = {
             "listener": ctx.listener_name,
-            **fields,
+            "from_cluster_time": from_time,
+            "to_cluster_time": to_time,
+            "reason": reason,
             "fencing_token": ctx.token,
             "holder": ctx.leadership.holder,
             "time": datetime.now(timezone.utc),
         }
-        with mongo.translate(f"record in {collection.name} for {ctx.listener_name!r}"):
-            collection.insert_one(doc)
+        with mongo.translate(f"record a gap for {ctx.listener_name!r}"):
+            self.gaps.insert_one(doc)
 
     def close(self) -> None:
         if self._owned:
             self._client.close()
+
+
+class Replayer:
+    """Re-delivers the dead letters marked for replay (``singleton dead-letters replay``), from
+    the running leader's tenure, at most every ``interval`` seconds and only while its stream is
+    idle. They go through the listener's normal path (the poison handler, ``ctx.check()``), so a
+    versioned sink refuses anything older than what it holds; a record that fails again is
+    updated (attempts, reason) and stays; one that succeeds is deleted."""
+
+    def __init__(
+        self,
+        store: DeadLetterStore,
+        listener: str,
+        *,
+        clock: Clock,
+        interval: float = 5.0,
+        batch: int = 100,
+    ) -> None:
+        self._store, self._listener, self._clock = store, listener, clock
+        self.interval, self.batch = interval, batch
+        self._next = 0.0
+
+    def poll(self, deliver: Callable[[list[ChangeEvent]], None]) -> int:
+        """Replay one batch if one is waiting and it is time; returns how many were replayed."""
+        now = self._clock.monotonic()
+        if now < self._next:
+            return 0
+        self._next = now + self.interval
+        records = self._store.replays(self._listener, self.batch)
+        if not records:
+            return 0
+        deliver([r["event"] for r in records])
+        self._store.replayed(records)
+        logger.info("replayed {} dead letters: listener={}", len(records), self._listener)
+        return len(records)
 
 
 class PoisonHandler:

@@ -33,7 +33,7 @@ from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext, S
 from listeners.checkpoint import CheckpointStore
 from listeners.checkpoint_marker import CheckpointMarker
 from listeners.checkpoint_policy import CheckpointPolicy, LastSeen
-from listeners.deadletter import DeadLetterStore, PoisonEventError, PoisonHandler
+from listeners.deadletter import DeadLetterStore, PoisonEventError, PoisonHandler, Replayer
 from listeners.status import RetriesExhaustedError, StatusBoard, TenureOutcome
 from listeners.streams import StartPosition, StreamReader, token_time, watch
 from singleton import mongo
@@ -102,6 +102,7 @@ class TenureWorker:
             logger=logger.bind(listener=self.name, token=leadership.token),
             listener_name=self.name,
             progress=settings.checkpoints,
+            dead_letters=settings.dead_letters,
         )
         self._policy = CheckpointPolicy(
             settings.checkpoints,
@@ -115,6 +116,7 @@ class TenureWorker:
             deployment=settings.listener.deployment(),
         )
         self._marker = CheckpointMarker(settings.lease_store, self.name, self._bounded)
+        self._replayer = Replayer(settings.dead_letters, self.name, clock=settings.clock)
         self._backoff = Backoff(
             settings.reconnect_backoff, settings.max_reconnect_backoff, rng=settings.rng
         )
@@ -234,6 +236,7 @@ class TenureWorker:
                 elif step.kind == "idle":
                     self._board.seen(token_time(step.token))
                     self._policy.caught_up(step.token)
+                    self._replayer.poll(lambda events: self._handler().deliver(events, self.ctx))
                 else:
                     assert step.event is not None
                     return self._invalidated(step.event)
@@ -260,13 +263,7 @@ class TenureWorker:
 
     def _deliver(self, batch: list[ChangeEvent], token: Any) -> None:
         """Hand ``batch`` to the listener (retries, dead letters); ``token`` follows it."""
-        handler = PoisonHandler(
-            self._s.listener.handle_batch,
-            self._s.dead_letters,
-            max_retries=self._s.listener.max_retries,
-            policy=self._s.listener.on_poison,
-            rng=self._s.rng,
-        )
+        handler = self._handler()
         audit = self._s.audit
         sent = audit.now() if audit is not None else 0.0
         started = self._s.clock.monotonic()
@@ -286,6 +283,16 @@ class TenureWorker:
             cluster_time=last,
         )
         self._policy.handled(token, batch)
+
+    def _handler(self) -> PoisonHandler:
+        lst = self._s.listener
+        return PoisonHandler(
+            lst.handle_batch,
+            self._s.dead_letters,
+            max_retries=lst.max_retries,
+            policy=lst.on_poison,
+            rng=self._s.rng,
+        )
 
     def _invalidated(self, event: ChangeEvent) -> StartPosition:
         self._policy.before_invalidate()

@@ -1,4 +1,4 @@
-"""The ``singleton`` command: ``run``, ``status``, ``verify``, ``demo``, ``drill``.
+"""The ``singleton`` command: run, status, verify, dead-letters, demo, drill.
 
 Exit codes: 0 success; 1 a verdict failed or the service failed at run time; 2 bad input (the
 message names the key, the value and the rule).
@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
+
+from bson import json_util
 
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.redact import redact
@@ -89,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--listener", dest="listener_name", metavar="NAME", help="only this one")
     verify.add_argument("--repair", action="store_true", help="fix with versioned writes")
     verify.add_argument("--json", action="store_true")
+    letters = sub.add_parser(
+        "dead-letters", help="list, replay or purge what a listener could not handle"
+    )
+    letters.add_argument("action", choices=("list", "replay", "purge"))
+    _connection(letters)
+    letters.add_argument("--listener", dest="listener_name", metavar="NAME", required=True)
+    letters.add_argument("--json", action="store_true")
     demo = sub.add_parser("demo", help="the whole thing on embedded servers, with a verdict")
     demo.add_argument("--duration", type=float, default=45.0, help="seconds (default 45)")
     demo.add_argument("--replicas", type=int, default=3)
@@ -207,6 +216,44 @@ def _verify_line(r: Any) -> str:
     return head + ": NOT equal" + "".join(parts)
 
 
+def cmd_dead_letters(args: argparse.Namespace) -> int:
+    """``list`` prints them; ``replay`` marks them for the running leader, which re-delivers
+    them through the listener's path (with their original versions); ``purge`` deletes them."""
+    from listeners.deadletter import DeadLetterStore
+    from singleton import mongo
+    from singleton.service.replica import build_listeners
+
+    config = config_from_args(args)
+    names = [listener.lease_name for listener in build_listeners(config)]
+    if args.listener_name not in names:
+        raise ConfigurationError(
+            f"--listener {args.listener_name!r} is not configured; configured: {', '.join(names)}"
+        )
+    client, _ = mongo.client(config.mongo_url, timeout=5.0)
+    store = DeadLetterStore(client, database=config.namespace)
+    try:
+        if args.action == "list":
+            letters = store.letters(args.listener_name)
+            if args.json:
+                print(json_util.dumps(letters))  # noqa: T201
+            for letter in [] if args.json else letters:
+                print(  # noqa: T201
+                    f"{letter['_id']['key']!r}: {letter.get('reason')} (status "
+                    f"{letter.get('status')}, {letter.get('attempts')} attempts, first "
+                    f"{letter.get('first_seen')}, last {letter.get('last_seen')})"
+                    f"{' [replay requested]' if letter.get('replay') else ''}"
+                )
+            return EXIT_OK
+        count = (store.request_replay if args.action == "replay" else store.purge)(
+            args.listener_name
+        )
+        done = "marked for replay by the leader" if args.action == "replay" else "purged"
+        print(f"{count} dead letters of {args.listener_name} {done}")  # noqa: T201
+        return EXIT_OK
+    finally:
+        client.close()
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from singleton.service.demo import run_demo
 
@@ -238,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "run": cmd_run,
         "status": cmd_status,
         "verify": cmd_verify,
+        "dead-letters": cmd_dead_letters,
         "demo": cmd_demo,
         "drill": cmd_drill,
     }

@@ -111,5 +111,6 @@ def test_poison_event(on_poison: str, mongo_url: str, unique: str) -> None:
     letter = letters[0]
     assert letter["event"]["documentKey"]["_id"] == 7
     assert letter["attempts"] == 3  # 1 + max_retries
-    assert letter["fencing_token"] == status.fencing_token and "poison" in letter["error"]
-    assert letter["listener"] == listener.lease_name
+    assert letter["fencing_token"] == status.fencing_token and "poison" in letter["reason"]
+    assert letter["_id"] == {"listener": listener.lease_name, "key": 7}
+    assert letter["first_seen"] <= letter["last_seen"]

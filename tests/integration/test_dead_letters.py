@@ -1,0 +1,83 @@
+"""Dead letters you can work with (SecantusDB): one record per document that accumulates its
+attempts; ``singleton dead-letters list|replay|purge``; a replay goes through the running
+leader's normal path and a record that succeeds disappears, one that fails again stays."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from listeners.base import ChangeEvent
+from singleton.service.cli import main
+from singleton.service.embedded import wait_until
+from tests.integration.listener_support import Scene, wait_state
+
+
+def _config(tmp_path: Path, scene: Scene, collection: str) -> str:
+    path = tmp_path / "singleton.toml"
+    path.write_text(
+        f'mongo_url = "{scene.url}"\nnamespace = "{scene.db}"\n\n[[listeners]]\n'
+        f'use = "logging"\ndatabase = "{scene.db}"\ncollection = "{collection}"\n'
+    )
+    return str(path)
+
+
+def test_one_record_per_document_replay_and_purge(
+    mongo_url: str, unique: str, tmp_path: Path, capsys: Any
+) -> None:
+    scene = Scene.on(mongo_url, unique)
+    listener = scene.listener("p", max_retries=1)
+    broken = {"on": True}
+
+    def poisoned(event: ChangeEvent) -> bool:
+        return broken["on"] and event["documentKey"]["_id"] == 7
+
+    listener.fail = poisoned
+    runner = scene.runner(listener).start()
+    config = _config(tmp_path, scene, "p")
+    name = listener.lease_name
+    letters = scene.coll("dead_letters")
+    try:
+        wait_state(runner, "streaming")
+        scene.coll("p").insert_many([{"_id": i} for i in range(10)])
+        wait_until(lambda: runner.status().dead_lettered == 1, 10, what="dead-lettered")
+        scene.coll("p").update_one({"_id": 7}, {"$set": {"v": 1}})  # fails again
+        wait_until(lambda: runner.status().dead_lettered == 2, 10, what="dead-lettered again")
+        [letter] = list(letters.find())
+        assert letter["_id"] == {"listener": name, "key": 7}
+        assert letter["attempts"] == 4 and letter["first_seen"] < letter["last_seen"]
+        assert letter["event"]["operationType"] == "update"
+
+        capsys.readouterr()
+        assert main(["dead-letters", "list", "--config", config, "--listener", name]) == 0
+        assert "7: " in capsys.readouterr().out
+
+        # Still broken: the replay fails again, and the record stays (updated, mark cleared).
+        assert main(["dead-letters", "replay", "--config", config, "--listener", name]) == 0
+        wait_until(lambda: letters.find_one({"replay": True}) is None, 20, what="replayed once")
+        assert letters.count_documents({}) == 1
+        assert letters.find_one()["attempts"] > 4
+
+        broken["on"] = False  # the sink is fixed: the replay succeeds and the record goes
+        assert main(["dead-letters", "replay", "--config", config, "--listener", name]) == 0
+        wait_until(lambda: letters.count_documents({}) == 0, 20, what="replayed")
+        assert 7 in [e["documentKey"]["_id"] for _k, _t, e in listener.handled]
+
+        scene.coll("p").insert_one({"_id": 70})
+        broken["on"] = True
+        listener.fail = lambda e: e["documentKey"]["_id"] == 70
+        wait_until(lambda: letters.count_documents({}) == 1, 10, what="another letter")
+        capsys.readouterr()
+        assert main(["dead-letters", "list", "--json", "--config", config, "--listener", name]) == 0
+        assert [r["_id"]["key"] for r in json.loads(capsys.readouterr().out)] == [70]
+        assert main(["dead-letters", "purge", "--config", config, "--listener", name]) == 0
+        assert letters.count_documents({}) == 0
+    finally:
+        runner.stop()
+
+
+def test_an_unknown_listener_is_bad_input(mongo_url: str, unique: str, tmp_path: Path) -> None:
+    scene = Scene.on(mongo_url, unique)
+    config = _config(tmp_path, scene, "p")
+    assert main(["dead-letters", "list", "--config", config, "--listener", "nope"]) == 2
