@@ -39,6 +39,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _connection(p: argparse.ArgumentParser) -> None:
     """The configuration file and what overrides it: stores, namespace, timings, logs."""
     p.add_argument("--config", "-c", help="singleton.toml (default: $SINGLETON_CONFIG)")
+    p.add_argument(
+        "--app-dir",
+        default=".",
+        help="import 'module:Class' listeners from here first (default: the current directory)",
+    )
     p.add_argument("--backend", help="lease store: redis or mongo")
     p.add_argument("--redis-url")
     p.add_argument("--mongo-url")
@@ -91,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--listener", dest="listener_name", metavar="NAME", help="only this one")
     verify.add_argument("--repair", action="store_true", help="fix with versioned writes")
     verify.add_argument("--json", action="store_true")
+    dev = sub.add_parser(
+        "dev-servers", help="Redis, MongoDB and Elasticsearch stand-ins to point `run` at"
+    )
+    dev.add_argument("--write-config", metavar="FILE", help="write a ready singleton.toml here")
     letters = sub.add_parser(
         "dead-letters", help="list, replay or purge what a listener could not handle"
     )
@@ -120,6 +129,9 @@ def _parse_value(text: str) -> Any:
 
 
 def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Config:
+    app_dir = os.path.abspath(getattr(args, "app_dir", None) or ".")
+    if app_dir not in sys.path:  # as uvicorn does: your own modules resolve by name
+        sys.path.insert(0, app_dir)
     overrides: dict[str, Any] = {}
     for dest, key in FLAG_KEYS.items():
         value = getattr(args, dest, None)
@@ -254,6 +266,16 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
         client.close()
 
 
+def cmd_dev_servers(args: argparse.Namespace) -> int:
+    from singleton.service.devservers import run_dev_servers
+
+    return run_dev_servers(
+        lambda text: print(text, flush=True),  # noqa: T201
+        write_config=args.write_config,
+        stop=None,
+    )
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from singleton.service.demo import run_demo
 
@@ -286,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": cmd_status,
         "verify": cmd_verify,
         "dead-letters": cmd_dead_letters,
+        "dev-servers": cmd_dev_servers,
         "demo": cmd_demo,
         "drill": cmd_drill,
     }
