@@ -1,10 +1,12 @@
 """Credentials never reach a log line, an error message, a status page or a metric label.
 
-One function, :func:`redact`, used by every layer: it finds each ``scheme://`` URL in a text and
-replaces its password (everything between the first ``:`` of the userinfo and the *last* ``@``
-before the host, so an unencoded ``@``, ``%`` or space in a password is hidden whole) and the
-values of secret query parameters. A userinfo without ``:`` is taken for a bare password. When in
-doubt it hides more, never less.
+One function, :func:`redact`, used by every layer. For each ``scheme://`` URL in a text it hides
+the userinfo's password: everything from the first ``:`` of the userinfo to the **last** ``@``
+that is followed by something shaped like a host, so a password holding a raw ``@``, ``%``,
+``#``, ``/``, ``?`` or a space is hidden whole. A userinfo without ``:`` is taken for a bare
+password. It also hides the values of secret query parameters (``password=``,
+``authMechanismProperties=``...). When in doubt it hides more, never less: the test suite
+searches generated passwords (``tests/unit/test_redaction.py``).
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ from __future__ import annotations
 import re
 
 _SCHEME = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2}")
-#: Where an authority ends, when no ``@`` follows: the path, the query, the fragment, a line end.
-_AUTHORITY_END = re.compile(r"[/?#\n]")
+#: A URL ends at a line end, or where another URL starts after a separator.
+_NEXT_URL = re.compile(r"(?:\n|(?<=[\s'\"(,=])[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2})")
+#: What may follow the ``@`` that ends a userinfo: a host (name, IPv4, [IPv6]), optional port,
+#: more hosts (MongoDB seed lists), then the end of the authority.
+_HOST_AFTER_AT = re.compile(r"@[A-Za-z0-9._\-\[\]:,%]*(?=$|[/?#\s'\")])")
 _QUERY_SECRETS = re.compile(
     r"(?P<key>[?&;](?:password|passwd|pwd|api_?key|token|secret|access_?key|"
-    r"authMechanismProperties|tlsCertificateKeyFilePassword|sslPassword)=)[^&#\s]*",
+    r"authMechanismProperties|tlsCertificateKeyFilePassword|sslPassword)=)[^&\s]*",
     re.IGNORECASE,
 )
 MASK = "***"
@@ -27,21 +32,33 @@ def _userinfo(userinfo: str) -> str:
     return f"{user}:{MASK}" if colon else MASK
 
 
+def _end_of_userinfo(text: str, start: int, end: int) -> int:
+    """The index of the ``@`` that ends the userinfo of the URL at ``text[start:end]``, or -1."""
+    found = -1
+    for match in _HOST_AFTER_AT.finditer(text, start, end):
+        found = match.start()
+    if found < 0:  # no host-shaped tail: hide up to the last '@' anyway
+        found = text.rfind("@", start, end)
+    return found
+
+
 def redact(text: str) -> str:
     """``text`` with every URL password and secret query value replaced by ``***``."""
+    # Query secrets first: a raw '@' inside one must not pass for the end of a userinfo.
+    text = _QUERY_SECRETS.sub(lambda m: f"{m['key']}{MASK}", text)
     out: list[str] = []
     pos = 0
     for match in _SCHEME.finditer(text):
         start = match.end()
         if start <= pos:
             continue
-        end_match = _AUTHORITY_END.search(text, start)
-        end = len(text) if end_match is None else end_match.start()
-        at = text.rfind("@", start, end)
+        nxt = _NEXT_URL.search(text, start)
+        end = len(text) if nxt is None else nxt.start()
+        at = _end_of_userinfo(text, start, end)
         if at < 0:
             continue
         out.append(text[pos:start])
         out.append(_userinfo(text[start:at]))
         pos = at
     out.append(text[pos:])
-    return _QUERY_SECRETS.sub(lambda m: f"{m['key']}{MASK}", "".join(out))
+    return "".join(out)
