@@ -27,6 +27,8 @@ from singleton.leadership import Leadership
 if TYPE_CHECKING:
     from singleton.backends.mongo import MongoLeaseBackend
     from singleton.backends.redis import RedisLeaseBackend
+    from singleton.jobs import LeaderScheduler
+    from singleton.jobs_context import JobContext
 
 __all__ = [
     "BackendError",
@@ -36,6 +38,8 @@ __all__ = [
     "ElectionTimeoutError",
     "Elector",
     "HistoryLostError",
+    "JobContext",
+    "LeaderScheduler",
     "Leadership",
     "Lease",
     "LeaseBackend",
@@ -55,11 +59,14 @@ __version__ = "0.1.0"
 _LAZY = {
     "RedisLeaseBackend": "singleton.backends.redis",
     "MongoLeaseBackend": "singleton.backends.mongo",
+    "LeaderScheduler": "singleton.jobs",
+    "JobContext": "singleton.jobs_context",
 }
 
 
 def __getattr__(name: str) -> Any:
-    # Backends import their drivers lazily so `import singleton` stays cheap.
+    # Backends and jobs import their drivers (and APScheduler) lazily: `import singleton` stays
+    # cheap.
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'singleton' has no attribute {name!r}")

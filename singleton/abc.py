@@ -46,6 +46,17 @@ class LeaseState:
         return identity_of(self.holder)
 
 
+@dataclass(frozen=True)
+class FireClaim:
+    """One fire time of a scheduled job, claimed under a lease by :meth:`LeaseBackend.claim_fire`:
+    ``fire_ms`` (the scheduled time, epoch milliseconds, UTC), and the claimer's ``token`` and
+    ``holder``."""
+
+    fire_ms: int
+    token: int
+    holder: str
+
+
 HOLDER_SEPARATOR = "/"
 
 
@@ -83,6 +94,12 @@ class LeaseBackend(ABC):
       beside the lease, untouched by grants, renewals, releases and expiry, and lost only with
       the store's data (with the fencing counter). It lets work under a lease leave a note that
       survives losing *its* store, e.g. "this listener has had a checkpoint".
+    * **Fire times are claimed once, fenced.** :meth:`claim_fire` records a scheduled job's fire
+      time beside the lease in one atomic step conditional on the stored holder *and* token and
+      on the fire time being later than every one claimed before for that name, so no fire time
+      is claimed twice and a deposed holder claims nothing; nor a fire time further ahead of the
+      store's clock than the caller allows. Claims live as long as the store's
+      data, like facts; only the latest ``keep`` are kept.
     * **Ownership of clients.** A backend closes only a client it created from a URL.
     """
 
@@ -140,6 +157,26 @@ class LeaseBackend(ABC):
     def recall(self, name: str) -> dict[str, str]:
         """The record :meth:`remember` keeps for ``name``: every field, values as strings;
         empty if nothing was remembered (or the store lost its data since)."""
+
+    @abstractmethod
+    def claim_fire(
+        self, lease: Lease, fire_ms: int, keep: int = 100, ahead_ms: int = 10_000
+    ) -> bool:
+        """Claim the fire time ``fire_ms`` (epoch ms) of the job run under ``lease``.
+
+        One atomic step: succeeds (returns ``True``) only if ``lease`` is live with the stored
+        holder *and* token, ``fire_ms`` is greater than the latest fire time claimed for
+        ``lease.name`` by anyone, and ``fire_ms`` is at most ``ahead_ms`` later than the store's
+        own clock (so a claimer whose wall clock runs far ahead cannot claim the future away
+        from its successors); it then records :class:`FireClaim` ``(fire_ms, token, holder)``
+        as the latest and keeps only the latest ``keep`` claims. Otherwise changes nothing and
+        returns ``False``. Grants, renewals, releases and expiry leave claims alone.
+        """
+
+    @abstractmethod
+    def fires(self, name: str) -> list[FireClaim]:
+        """The claims :meth:`claim_fire` kept for ``name``, latest first (empty if none, or if
+        the store lost its data since)."""
 
     def contend(self, name: str, holder: str, ttl: float) -> Lease | LeaseState | None:
         """Try to acquire; on failure say who holds it, ideally in one round trip.
@@ -199,3 +236,15 @@ def validate_facts(name: str, facts: Mapping[str, str | int]) -> dict[str, str]:
             raise ConfigurationError(f"fact {field!r} must be a str or an int, got {value!r}")
         fields[field] = str(value)
     return fields
+
+
+def validate_claim(lease: Lease, fire_ms: int, keep: int, ahead_ms: int) -> None:
+    """Check :meth:`LeaseBackend.claim_fire`'s arguments before any I/O."""
+    validate_lease_args(lease.name, lease.holder)
+    for label, value, least in (
+        ("fire_ms", fire_ms, 0),
+        ("keep", keep, 1),
+        ("ahead_ms", ahead_ms, 0),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigurationError(f"{label} must be an int >= {least}, got {value!r}")

@@ -15,9 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from singleton.abc import (
+    FireClaim,
     Lease,
     LeaseBackend,
     LeaseState,
+    validate_claim,
     validate_facts,
     validate_lease_args,
 )
@@ -70,6 +72,7 @@ class MemoryLeaseBackend(LeaseBackend):
         self._leases: dict[str, _Entry] = {}
         self._counters: dict[str, int] = {}
         self._facts: dict[str, dict[str, str]] = {}
+        self._fires: dict[str, list[FireClaim]] = {}
         self._notifier = ReleaseNotifier()
         #: Every operation, for tests that count round trips: (operation, name).
         self.calls: list[tuple[str, str]] = []
@@ -155,6 +158,30 @@ class MemoryLeaseBackend(LeaseBackend):
             self.calls.append(("recall", name))
             return dict(self._facts.get(name, {}))
 
+    def claim_fire(
+        self, lease: Lease, fire_ms: int, keep: int = 100, ahead_ms: int = 10_000
+    ) -> bool:
+        validate_claim(lease, fire_ms, keep, ahead_ms)
+        with self._lock:
+            self.calls.append(("claim_fire", lease.name))
+            entry = self._live(lease.name)
+            if entry is None or entry.holder != lease.holder or entry.token != lease.token:
+                return False
+            if fire_ms > self.clock.time() * 1000 + ahead_ms:
+                return False
+            claims = self._fires.setdefault(lease.name, [])
+            if claims and claims[0].fire_ms >= fire_ms:
+                return False
+            claims.insert(0, FireClaim(fire_ms, lease.token, lease.holder))
+            del claims[keep:]
+            return True
+
+    def fires(self, name: str) -> list[FireClaim]:
+        validate_lease_args(name)
+        with self._lock:
+            self.calls.append(("fires", name))
+            return list(self._fires.get(name, []))
+
     def expire(self, name: str) -> None:
         """Forget the live lease of ``name`` without notifying, as a crashed holder's expiry."""
         with self._lock:
@@ -168,3 +195,4 @@ class MemoryLeaseBackend(LeaseBackend):
             self._leases.clear()
             self._counters.clear()
             self._facts.clear()
+            self._fires.clear()

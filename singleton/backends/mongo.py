@@ -10,7 +10,9 @@ One document per lease name in ``<database>.<collection>`` (default ``singleton.
      renewedAt: <date>,      # server time of the last grant or renewal
      contendedAt: <date>,    # server time of the last contend (grant or not), for ttl_remaining
      releasedAt: <date>,     # server time of the last release (absent until one)
-     facts: {<str>: <str>}}  # LeaseBackend.remember's record: no lease operation touches it
+     facts: {<str>: <str>},  # LeaseBackend.remember's record: no lease operation touches it
+     lastFire: <int>,        # the latest fire time claim_fire claimed (epoch ms)
+     fires: [{fire, token, holder}]}  # the latest ``keep`` claims, latest first
 
 Indexes: only the default unique ``_id`` index. There is deliberately no TTL index: the TTL
 monitor runs once a minute, so liveness is ``expiresAt > $$NOW`` evaluated inside each operation.
@@ -47,7 +49,14 @@ from pymongo import ReturnDocument
 from pymongo.collection import Collection
 from pymongo.write_concern import WriteConcern
 
-from singleton.abc import Lease, LeaseState, validate_facts, validate_lease_args
+from singleton.abc import (
+    FireClaim,
+    Lease,
+    LeaseState,
+    validate_claim,
+    validate_facts,
+    validate_lease_args,
+)
 from singleton.backends._base import ServerLeaseBackend
 from singleton.backends._notify import ReleaseFeed
 from singleton.errors import BackendError, ConfigurationError
@@ -253,6 +262,34 @@ class MongoLeaseBackend(ServerLeaseBackend):
             doc = self._coll.find_one({"_id": name}, projection={"facts": 1})
         facts = (doc or {}).get("facts") or {}
         return {str(k): str(v) for k, v in facts.items()}
+
+    def claim_fire(
+        self, lease: Lease, fire_ms: int, keep: int = 100, ahead_ms: int = 10_000
+    ) -> bool:
+        validate_claim(lease, fire_ms, keep, ahead_ms)
+        # The lease filter (holder, token, live on $$NOW) and "later than the latest claim" are
+        # one filter of one findOneAndUpdate: nothing can claim between the test and the write.
+        later = {"$or": [{"lastFire": {"$exists": False}}, {"lastFire": {"$lt": fire_ms}}]}
+        not_ahead = {"$expr": {"$lte": [fire_ms, {"$add": [NOW_MS, ahead_ms]}]}}
+        claim = {"fire": fire_ms, "token": lease.token, "holder": lease.holder}
+        update = {
+            "$set": {"lastFire": fire_ms},
+            "$push": {"fires": {"$each": [claim], "$position": 0, "$slice": keep}},
+        }
+        with self._translate("claim_fire", lease.name):
+            doc = self._coll.find_one_and_update(
+                {"$and": [_owned_by(lease), later, not_ahead]}, update, projection={"_id": 1}
+            )
+        return doc is not None
+
+    def fires(self, name: str) -> list[FireClaim]:
+        validate_lease_args(name)
+        with self._translate("fires", name):
+            doc = self._coll.find_one({"_id": name}, projection={"fires": 1})
+        return [
+            FireClaim(int(c["fire"]), int(c["token"]), str(c["holder"]))
+            for c in (doc or {}).get("fires") or []
+        ]
 
     def describe(self) -> str:
         return f"mongo {self._url} {self.database}.{self.collection}"

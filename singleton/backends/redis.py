@@ -12,6 +12,9 @@ Layout, under ``namespace`` (default ``singleton``):
   and fewer than 1,000 grants a second are made of one name.
 * ``<ns>:facts:<name>``: a hash, never expiring, never touched by the lease scripts: what
   :meth:`~singleton.abc.LeaseBackend.remember` merged (one ``HSET``, atomic).
+* ``<ns>:fires:<name>``: a list, latest first, of ``"<fire_ms>:<token>:<holder>"``: the fire
+  times :meth:`~singleton.abc.LeaseBackend.claim_fire` claimed, trimmed to ``keep`` entries,
+  never expiring (lost with the store's data, like the counter).
 * ``<ns>:released``: a pub/sub channel; a release publishes the lease name on it.
 
 Failure model: Redis expires keys by its own clock, so expiry needs no agreement between client
@@ -32,14 +35,20 @@ import math
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 import redis.exceptions as rex
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from singleton.abc import Lease, LeaseState, validate_facts, validate_lease_args
+from singleton.abc import (
+    FireClaim,
+    Lease,
+    LeaseState,
+    validate_claim,
+    validate_facts,
+    validate_lease_args,
+)
 from singleton.backends._base import ServerLeaseBackend
 from singleton.backends._notify import ReleaseFeed
 from singleton.errors import (
@@ -113,6 +122,33 @@ return {tonumber(string.sub(current, 1, sep - 1)), string.sub(current, sep + 1),
         redis.call('PTTL', KEYS[1])}
 """
 
+# KEYS[1] lease key, KEYS[2] fires list
+# ARGV[1] expected value "<token>:<holder>", ARGV[2] fire time in ms, ARGV[3] claims to keep,
+# ARGV[4] how far (ms) the fire time may be ahead of the server's clock
+# Returns 1 if the lease matched, ARGV[2] is later than the latest claim and at most ARGV[4]
+# ahead of TIME: the claim is pushed as "<fire_ms>:<token>:<holder>" and the list trimmed to
+# ARGV[3]; else 0 (changed nothing).
+CLAIM_FIRE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+if tonumber(ARGV[2]) > now_ms + tonumber(ARGV[4]) then
+  return 0
+end
+local last = redis.call('LINDEX', KEYS[2], 0)
+if last then
+  local sep = string.find(last, ':', 1, true)
+  if tonumber(string.sub(last, 1, sep - 1)) >= tonumber(ARGV[2]) then
+    return 0
+  end
+end
+redis.call('LPUSH', KEYS[2], ARGV[2] .. ':' .. ARGV[1])
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+return 1
+"""
+
 DEFAULT_TIMEOUT = 2.0
 #: How long the pub/sub thread blocks per read; bounds how late ``close()`` ends it.
 POLL = 0.5
@@ -179,7 +215,7 @@ class RedisLeaseBackend(ServerLeaseBackend):
         self._owned = isinstance(client_or_url, str)
         if isinstance(client_or_url, str):
             self._url = redact(client_or_url)
-            if urlsplit(client_or_url).scheme not in ("redis", "rediss", "unix"):
+            if not client_or_url.startswith(("redis://", "rediss://", "unix://")):
                 raise ConfigurationError(
                     f"not a Redis URL (redis://, rediss:// or unix://): {self._url}"
                 )
@@ -209,6 +245,7 @@ class RedisLeaseBackend(ServerLeaseBackend):
         self._renew = self._client.register_script(RENEW)
         self._release = self._client.register_script(RELEASE)
         self._inspect = self._client.register_script(INSPECT)
+        self._claim_fire = self._client.register_script(CLAIM_FIRE)
         self._feed = ReleaseFeed(
             f"singleton-redis-pubsub-{namespace}",
             f"release subscription {self._url} channel={self._channel}",
@@ -263,6 +300,27 @@ class RedisLeaseBackend(ServerLeaseBackend):
             stored: dict[Any, Any] = self._client.hgetall(self._facts(name))
         return {_text(k): _text(v) for k, v in stored.items()}
 
+    def claim_fire(
+        self, lease: Lease, fire_ms: int, keep: int = 100, ahead_ms: int = 10_000
+    ) -> bool:
+        validate_claim(lease, fire_ms, keep, ahead_ms)
+        with self._translate("claim_fire", lease.name):
+            ok = self._claim_fire(
+                keys=[self._key(lease.name), self._fires(lease.name)],
+                args=[self._value(lease), fire_ms, keep, ahead_ms],
+            )
+        return int(ok) == 1
+
+    def fires(self, name: str) -> list[FireClaim]:
+        validate_lease_args(name)
+        with self._translate("fires", name):
+            stored: list[Any] = self._client.lrange(self._fires(name), 0, -1)
+        out = []
+        for entry in stored:
+            fire, token, holder = _text(entry).split(":", 2)
+            out.append(FireClaim(int(fire), int(token), holder))
+        return out
+
     def describe(self) -> str:
         return f"redis {self._url} namespace={self.namespace}"
 
@@ -315,6 +373,9 @@ class RedisLeaseBackend(ServerLeaseBackend):
 
     def _facts(self, name: str) -> str:
         return f"{self.namespace}:facts:{name}"
+
+    def _fires(self, name: str) -> str:
+        return f"{self.namespace}:fires:{name}"
 
     @staticmethod
     def _value(lease: Lease) -> str:

@@ -18,6 +18,13 @@ the rule (the CLI turns it into exit code 2). Shape (stable; users script agains
     database = "shop"
     collection = "orders"
 
+    [[jobs]]
+    use = "pkg.module:function"             # called as function(ctx)
+    name = "report"                         # the job's lease name
+    every = 1.0                             # seconds; or cron = "*/5 * * * *"
+    coalesce = false
+    misfire_grace = 30.0
+
 Environment: ``SINGLETON_<KEY>`` for top-level keys, ``SINGLETON_<TABLE>__<KEY>`` for nested ones
 (``SINGLETON_LEASE__TTL=5``).
 """
@@ -100,6 +107,69 @@ class ListenerConfig:
 
 
 @dataclass(frozen=True)
+class JobConfig:
+    """A ``[[jobs]]`` table: a leader-only scheduled job (see :mod:`singleton.jobs`)."""
+
+    use: str
+    name: str
+    every: float | None = None
+    cron: str | None = None
+    coalesce: bool = False
+    misfire_grace: float = 30.0
+    #: Consecutive calls that raise before the tenure fails (0: never).
+    max_failures: int = 0
+    #: APScheduler's max_instances: calls of this job that may run at once.
+    max_instances: int = 1
+
+
+#: key -> (types, rule); ``use`` and ``name`` are checked apart.
+_JOB_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
+    "use": ((str,), "a 'pkg.module:function'"),
+    "name": ((str,), "a non-empty lease name"),
+    "every": ((int, float), "a positive number of seconds"),
+    "cron": ((str,), "a crontab of 5 fields"),
+    "coalesce": ((bool,), "true or false"),
+    "misfire_grace": ((int, float), "a positive number of seconds"),
+    "max_failures": ((int,), "an integer >= 0"),
+    "max_instances": ((int,), "an integer >= 1"),
+}
+
+
+def _job_config(i: int, table: Mapping[str, Any]) -> JobConfig:
+    """Check one ``[[jobs]]`` table, naming the key, the value and the rule."""
+    from singleton.jobs_context import make_trigger
+
+    for key, value in table.items():
+        if key not in _JOB_KEYS:
+            raise ConfigurationError(f"unknown key jobs[{i}].{key}{_suggest(key, _JOB_KEYS)}")
+        types, rule = _JOB_KEYS[key]
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            raise ConfigurationError(f"jobs[{i}].{key} must be {rule}, got {value!r}")
+    for key in ("use", "name"):
+        if not table.get(key):
+            raise ConfigurationError(
+                f"jobs[{i}].{key} must be {_JOB_KEYS[key][1]}, got {table.get(key)!r}"
+            )
+    if ":" not in table["use"]:
+        raise ConfigurationError(
+            f"jobs[{i}].use must be a 'pkg.module:function', got {table['use']!r}"
+        )
+    values: dict[str, Any] = {
+        k: float(v) if k in ("every", "misfire_grace") else v for k, v in table.items()
+    }
+    job = JobConfig(**values)
+    try:
+        make_trigger(job.every, job.cron)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"jobs[{i}] ({job.name}): {exc}") from None
+    for key, least in (("misfire_grace", 0), ("max_failures", 0), ("max_instances", 1)):
+        value = getattr(job, key)
+        if value < least or (key == "misfire_grace" and value == 0):
+            raise ConfigurationError(f"jobs[{i}].{key} must be {_JOB_KEYS[key][1]}, got {value!r}")
+    return job
+
+
+@dataclass(frozen=True)
 class Config:
     backend: str = "redis"
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -116,6 +186,7 @@ class Config:
     shutdown_timeout: float = 10.0
     lease: LeaseConfig = field(default_factory=LeaseConfig)
     listeners: tuple[ListenerConfig, ...] = ()
+    jobs: tuple[JobConfig, ...] = ()
 
     def redacted(self) -> dict[str, Any]:
         """For logs and ``status``: every URL with its password replaced."""
@@ -130,6 +201,8 @@ class Config:
                 value = {lf.name: getattr(value, lf.name) for lf in fields(value)}
             elif f.name == "listeners":
                 value = [{"use": lc.use, **lc.options} for lc in value]
+            elif f.name == "jobs":
+                value = [{jf.name: getattr(jc, jf.name) for jf in fields(jc)} for jc in value]
             out[f.name] = value
         return out
 
@@ -188,14 +261,14 @@ def _merge(target: dict[str, Any], source: Mapping[str, Any], origin: str, from_
                         f"{origin}: unknown key {key}.{sub}{_suggest(sub, types)}"
                     )
                 table[sub] = _coerce(f"{origin}: {key}.{sub}", subvalue, types[sub], from_text)
-        elif key == "listeners":
+        elif key in ("listeners", "jobs"):
             if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
-                raise ConfigurationError(f"{origin}: listeners must be an array of tables")
-            target["listeners"] = [dict(v) for v in value]
+                raise ConfigurationError(f"{origin}: {key} must be an array of tables")
+            target[key] = [dict(v) for v in value]
         elif key in _TOP_TYPES:
             target[key] = _coerce(f"{origin}: {key}", value, _TOP_TYPES[key], from_text)
         else:
-            known = [*_TOP_TYPES, *_TABLES, "listeners"]
+            known = [*_TOP_TYPES, *_TABLES, "listeners", "jobs"]
             raise ConfigurationError(f"{origin}: unknown key {key!r}{_suggest(key, known)}")
 
 
@@ -255,8 +328,13 @@ def build_config(merged: Mapping[str, Any]) -> Config:
             raise ConfigurationError(f"listeners[{i}].use must name a listener, got {use!r}")
         options = {k: v for k, v in table.items() if k != "use"}
         listeners.append(ListenerConfig(use, options))
-    top = {k: v for k, v in merged.items() if k not in ("lease", "listeners")}
-    config = Config(**top, lease=lease, listeners=tuple(listeners))
+    jobs = tuple(_job_config(i, table) for i, table in enumerate(merged.get("jobs", [])))
+    names = [job.name for job in jobs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigurationError(f"job names must be unique, repeated: {', '.join(dupes)}")
+    top = {k: v for k, v in merged.items() if k not in ("lease", "listeners", "jobs")}
+    config = Config(**top, lease=lease, listeners=tuple(listeners), jobs=jobs)
     _validate(config)
     return config
 

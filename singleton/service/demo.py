@@ -30,6 +30,8 @@ from singleton.service.cluster import (
     singleton_command,
 )
 from singleton.service.config import load_config
+from singleton.service.drill.jobs import JOB, check_job, job_toml
+from singleton.service.drill.jobs import RECORD_ENV as JOB_RECORD_ENV
 from singleton.service.embedded import ElasticServer, MongoServer, RedisServer, wait_until
 from singleton.service.logs import setup_logging
 from singleton.service.registry import make_backend
@@ -55,7 +57,8 @@ retry_interval = 0.5
 max_tenure = {max(10.0, duration):.1f}
 cooldown = 1.0
 
-{es_listener_toml(LEASE, DATABASE, COLLECTION, INDEX)}"""
+{es_listener_toml(LEASE, DATABASE, COLLECTION, INDEX)}
+{job_toml()}"""
     )
 
 
@@ -110,6 +113,8 @@ def run_demo(
             [{"_id": i, "sku": f"seed-{i}", "qty": i % 7, "v": 0} for i in range(1, 201)]
         )
         env = child_environment()
+        job_record = root / "job-runs.txt"  # the scheduled job, once a second, on one replica
+        env[JOB_RECORD_ENV] = str(job_record)
         for i in range(1, replicas + 1):
             identity = f"replica-{i}"
             argv = singleton_command("run", "--config", str(config_path), "--identity", identity)
@@ -176,9 +181,14 @@ def run_demo(
 
         with contextlib.suppress(SingletonError):
             wait_until(caught_up, timeout=45.0, interval=0.5, what="index equal to collection")
-        ok = diff is not None and diff.ok
+        job = check_job(job_record, ["kill", "term", "rotate"])
+        say(
+            f"  scheduled job {JOB}: {job.runs} runs, {len(job.twice)} fire times twice, "
+            f"{len(job.missing)} missing"
+        )
+        ok = diff is not None and diff.ok and not job.failures()
         verdict = "PASS" if ok else "FAIL"
-        say(f"verdict: {verdict}: {diff}")
+        say(f"verdict: {verdict}: {diff}" + "".join(f"; {f}" for f in job.failures()))
         lease_backend.close()
         return 0 if ok else 1
     finally:

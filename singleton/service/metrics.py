@@ -5,8 +5,9 @@ paths carry no instrumentation cost and there is no global registry.
 
 * ``/metrics``: Prometheus text format.
 * ``/healthz``: 200 while the process is alive and its lease store answers.
-* ``/readyz``: 200 once every listener is either leading or a standby whose store answers;
-  503 naming each listener whose last tenure failed (and why), or whose lease store refuses us.
+* ``/readyz``: 200 once every listener and job is either leading or a standby whose store
+  answers; 503 naming each listener or job whose last tenure failed (and why), or whose lease
+  store refuses us.
 * ``/status``: the replica's local view as JSON.
 """
 
@@ -48,6 +49,37 @@ RUNNER_METRICS = {
     "listener_failed": ("singleton_listener_failed", "1 while the last tenure failed", _GAUGE),
     "failed_tenures": ("singleton_failed_tenures", "Consecutive failed tenures", _GAUGE),
 }
+
+
+#: JobStatus attributes exported per job, as RUNNER_METRICS (lateness once a call ran).
+JOB_METRICS = {
+    "runs": ("singleton_job_runs", "Calls of a scheduled job that returned", _COUNTER),
+    "failures": ("singleton_job_failures", "Calls of a scheduled job that raised", _COUNTER),
+    "missed": (
+        "singleton_job_missed",
+        "Fire times not run because they were later than the misfire grace",
+        _COUNTER,
+    ),
+    "lateness_seconds": (
+        "singleton_job_lateness_seconds",
+        "Fire time to the start of the job's last call",
+        _GAUGE,
+    ),
+    "leader": ("singleton_job_is_leader", "1 while this replica holds the job's lease", _GAUGE),
+}
+
+
+def _job_families(replica: Replica) -> list[Any]:
+    families: dict[str, Any] = {}
+    for key, (name, doc, counter) in JOB_METRICS.items():
+        family = CounterMetricFamily if counter else GaugeMetricFamily
+        families[key] = family(name, doc, labels=["job"])
+    for status in [] if replica.jobs is None else replica.jobs.status():
+        for attr, family in families.items():
+            value = getattr(status, attr)
+            if value is not None:
+                family.add_metric([status.name], float(value))
+    return list(families.values())
 
 
 class ReplicaCollector:
@@ -101,6 +133,7 @@ class ReplicaCollector:
                     family.add_metric([h.name], float(value))
         yield from (leader, token, trans, renew, renew_fail, store_errors, resigned)
         yield from runner_families.values()
+        yield from _job_families(self.replica)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -163,9 +196,9 @@ class MetricsServer(ThreadingHTTPServer):
 
     def health(self) -> tuple[bool, str]:
         try:
-            self.replica.backend.inspect(
-                self.replica.hosted[0].name if self.replica.hosted else "-"
-            )
+            names = [h.name for h in self.replica.hosted]
+            names += [] if self.replica.jobs is None else self.replica.jobs.names
+            self.replica.backend.inspect(names[0] if names else "-")
         except SingletonError as exc:
             return False, f"lease store unreachable: {exc}"
         return True, "ok"

@@ -1,4 +1,4 @@
-"""What the service can build, by name: lease backends, checkpoint stores, listeners.
+"""What the service can build, by name: lease backends, checkpoint stores, listeners, jobs.
 
 The one module that names the core's backends and the listeners' classes together (the layers
 below never import the service). Adding a lease backend is one entry in :data:`BACKENDS`; adding
@@ -120,3 +120,12 @@ def listener_kind(spec: str) -> ListenerKind:
             f"listener {spec!r} is {found!r}, not a subclass of listeners.ChangeStreamListener"
         )
     return ListenerKind(found)
+
+
+def job_function(spec: str) -> Callable[..., Any]:
+    """The function a ``[[jobs]]`` table names (``"pkg.module:function"``), called as
+    ``function(ctx)``."""
+    found = resolve(spec, {}, "job")
+    if not callable(found) or isinstance(found, type):
+        raise ConfigurationError(f"job {spec!r} is {found!r}, not a function taking ctx")
+    return found  # type: ignore[no-any-return]

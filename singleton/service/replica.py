@@ -1,4 +1,4 @@
-"""One replica of the service: listeners, each under its own Elector and lease name.
+"""One replica of the service: listeners and scheduled jobs, each under its own Elector and lease.
 
 Failure model: the replica may be SIGKILLed at any instant (safe by design: leases expire, fenced
 checkpoints refuse stale writers), or asked to stop with SIGTERM/SIGINT, in which case every
@@ -25,9 +25,16 @@ from singleton import mongo
 from singleton.abc import LeaseBackend
 from singleton.elector import Elector, default_identity
 from singleton.errors import BackendUnavailableError, ConfigurationError, SingletonError
+from singleton.jobs import LeaderScheduler
+from singleton.jobs_context import make_trigger
 from singleton.redact import redact
 from singleton.service.config import Config, ListenerConfig, TestSwitches
-from singleton.service.registry import listener_kind, make_backend, make_checkpoint_store
+from singleton.service.registry import (
+    job_function,
+    listener_kind,
+    make_backend,
+    make_checkpoint_store,
+)
 
 
 def build_listener(lc: ListenerConfig, config: Config) -> ChangeStreamListener:
@@ -57,6 +64,22 @@ def build_listeners(config: Config) -> list[ChangeStreamListener]:
     if dupes:
         raise ConfigurationError(f"listener names must be unique, repeated: {', '.join(dupes)}")
     return built
+
+
+def build_scheduler(config: Config, backend: LeaseBackend, identity: str) -> LeaderScheduler:
+    """Every ``[[jobs]]`` table in one :class:`LeaderScheduler` (each job its own lease)."""
+    scheduler = LeaderScheduler(backend, identity=identity, timings=config.lease.timings())
+    for job in config.jobs:
+        scheduler.add_job(
+            job_function(job.use),
+            make_trigger(job.every, job.cron),
+            name=job.name,
+            coalesce=job.coalesce,
+            misfire_grace_time=job.misfire_grace,
+            max_instances=job.max_instances,
+            max_failures=job.max_failures,
+        )
+    return scheduler
 
 
 def warn_without_persistence(redis_url: str) -> None:
@@ -102,10 +125,10 @@ class Replica:
         backend: LeaseBackend | None = None,
         switches: TestSwitches | None = None,
     ) -> None:
-        if not config.listeners:
+        if not config.listeners and not config.jobs:
             raise ConfigurationError(
-                "no listeners configured: pass --config singleton.toml (or $SINGLETON_CONFIG) with "
-                "a [[listeners]] table, or --listener USE"
+                "no listeners or jobs configured: pass --config singleton.toml (or "
+                "$SINGLETON_CONFIG) with a [[listeners]] or [[jobs]] table, or --listener USE"
             )
         self.config = config
         self.identity = config.identity or default_identity()
@@ -119,8 +142,34 @@ class Replica:
         self.checkpoints: CheckpointStore | None = None
         self._audit: AuditLog | None = None
         self._listeners = build_listeners(config)
+        self._check_names()
+        #: Scheduled jobs (``[[jobs]]``), each under its own lease; ``None`` without any.
+        self.jobs = build_scheduler(config, self.backend, self.identity) if config.jobs else None
+
+    def _check_names(self) -> None:
+        taken = {listener.lease_name for listener in self._listeners}
+        clash = sorted(taken & {job.name for job in self.config.jobs})
+        if clash:
+            raise ConfigurationError(
+                f"job names must differ from listener lease names, repeated: {', '.join(clash)}"
+            )
 
     def start(self) -> Replica:
+        if self.jobs is not None:
+            self.jobs.start()
+        if self._listeners:
+            self._start_listeners()
+        self.started_at = time.monotonic()
+        logger.info(
+            "replica {} started: backend={} listeners={} jobs={}",
+            self.identity,
+            self.backend.describe(),
+            [h.name for h in self.hosted],
+            [] if self.jobs is None else self.jobs.names,
+        )
+        return self
+
+    def _start_listeners(self) -> None:
         unsafe = self.switches.unsafe_disable_fencing
         self.mongo, _ = mongo.client(
             self.config.mongo_url,
@@ -151,14 +200,6 @@ class Replica:
         for h in self.hosted:
             h.runner.start()
             h.elector.start()
-        self.started_at = time.monotonic()
-        logger.info(
-            "replica {} started: backend={} listeners={}",
-            self.identity,
-            self.backend.describe(),
-            [h.name for h in self.hosted],
-        )
-        return self
 
     def _check_deployments(self, store: CheckpointStore) -> None:
         """Refuse to start (exit 2) for a listener whose checkpoint belongs to another
@@ -188,6 +229,8 @@ class Replica:
             threading.Thread(target=h.elector.stop, kwargs={"release": True}, daemon=True)
             for h in self.hosted
         ]
+        if self.jobs is not None:
+            threads.append(threading.Thread(target=self.jobs.stop, daemon=True))
         for t in threads:
             t.start()
         for t in threads:
@@ -229,6 +272,9 @@ class Replica:
         """SIGUSR1: every lease this replica leads is handed over now (drain, then release)."""
         for h in self.hosted:
             h.elector.rotate()
+        if self.jobs is not None:
+            for name in self.jobs.names:
+                self.jobs.elector(name).rotate()
 
     def problems(self) -> list[str]:
         """Why this replica is not ready, one sentence per listener (empty: ready)."""
@@ -247,6 +293,8 @@ class Replica:
                 )
             if h.elector.failing:
                 out.append(f"listener {h.name}: lease store refuses us: {h.elector.last_error}")
+        if self.jobs is not None:
+            out += self.jobs.problems()
         return out
 
     def status(self) -> dict[str, Any]:
@@ -262,4 +310,5 @@ class Replica:
             }
             entry["runner"] = h.runner.status().as_dict()
             out.append(entry)
-        return {"identity": self.identity, "listeners": out}
+        jobs = [] if self.jobs is None else [s.as_dict() for s in self.jobs.status()]
+        return {"identity": self.identity, "listeners": out, "jobs": jobs}

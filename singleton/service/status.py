@@ -1,5 +1,5 @@
-"""``singleton status``: who leads each lease and where each checkpoint stands, read straight
-from the stores, so it works from any machine that can reach them.
+"""``singleton status``: who leads each lease, where each checkpoint stands and where each
+scheduled job is, read straight from the stores, so it works from any machine that can reach them.
 
 Every lease and every checkpoint is read in parallel, and the whole command answers within one
 ``timeout`` however many listeners there are and however frozen a store is: what did not answer
@@ -19,8 +19,9 @@ from typing import Any
 from singleton import mongo
 from singleton.abc import LeaseBackend
 from singleton.errors import SingletonError
+from singleton.jobs_context import from_ms, make_trigger, next_fire_after
 from singleton.redact import redact
-from singleton.service.config import Config
+from singleton.service.config import Config, JobConfig
 from singleton.service.registry import make_backend, make_checkpoint_store
 from singleton.service.replica import build_listeners
 
@@ -39,6 +40,26 @@ def _lease_entry(backend: LeaseBackend, name: str) -> dict[str, Any]:
     }
 
 
+def _job_entry(backend: LeaseBackend, job: JobConfig) -> dict[str, Any]:
+    """A job's lease holder, its latest claimed fire time (the last one run, or being run), the
+    next one its leader will run, and the outcome the leader last recorded."""
+    entry = _lease_entry(backend, job.name)
+    claims = backend.fires(job.name)
+    facts = backend.recall(job.name)
+    last = from_ms(claims[0].fire_ms) if claims else None
+    now = dt.datetime.now(dt.timezone.utc)  # display only: the leader decides with its own
+    nxt = next_fire_after(make_trigger(job.every, job.cron), last, now)
+    outcome_fire = facts.get("last_outcome_fire")
+    entry.update(
+        last_fire=None if last is None else last.isoformat(),
+        last_fire_token=claims[0].token if claims else None,
+        next_fire=None if nxt is None else nxt.isoformat(),
+        last_outcome=facts.get("last_outcome"),
+        last_outcome_fire=None if not outcome_fire else from_ms(int(outcome_fire)).isoformat(),
+    )
+    return entry
+
+
 def _checkpoint_entry(store: Any, name: str) -> dict[str, Any]:
     cp = store.load(name)
     seconds = None if cp is None else float(cp.cluster_time.time)
@@ -54,21 +75,28 @@ def _checkpoint_entry(store: Any, name: str) -> dict[str, Any]:
 def cluster_status(
     config: Config, extra_leases: list[str] | None = None, *, timeout: float = DEFAULT_TIMEOUT
 ) -> dict[str, Any]:
-    """``{"leases": [...], "checkpoints": [...], "errors": [...]}`` for every configured
-    listener (and ``extra_leases``), read in parallel within ``timeout`` seconds in all."""
+    """``{"leases": [...], "checkpoints": [...], "jobs": [...], "errors": [...]}`` for every
+    configured listener (and ``extra_leases``) and job, read in parallel within ``timeout``
+    seconds in all."""
     listener_names = [listener.lease_name for listener in build_listeners(config)]
     names = listener_names + list(extra_leases or [])
     backend = make_backend(config)
     client, _ = mongo.client(config.mongo_url, timeout=timeout, socket_timeout=timeout)
     store = make_checkpoint_store(config, client) if listener_names else None
-    pool = ThreadPoolExecutor(max_workers=min(16, 2 + 2 * len(names)))
+    pool = ThreadPoolExecutor(max_workers=min(16, 2 + 2 * len(names) + len(config.jobs)))
     try:
         now_future = pool.submit(lambda: float(mongo.cluster_time(client).time))
         leases = {name: pool.submit(_lease_entry, backend, name) for name in names}
         checkpoints: dict[str, Future[dict[str, Any]]] = {}
         if store is not None:
             checkpoints = {n: pool.submit(_checkpoint_entry, store, n) for n in listener_names}
-        every: list[Future[Any]] = [now_future, *leases.values(), *checkpoints.values()]
+        jobs = {job.name: pool.submit(_job_entry, backend, job) for job in config.jobs}
+        every: list[Future[Any]] = [
+            now_future,
+            *leases.values(),
+            *checkpoints.values(),
+            *jobs.values(),
+        ]
         wait(every, timeout=timeout)  # one deadline for everything
         now = None
         if now_future.done() and now_future.exception() is None:
@@ -81,6 +109,7 @@ def cluster_status(
         return {
             "leases": _collect("lease", leases, errors),
             "checkpoints": entries,
+            "jobs": _collect("job", jobs, errors),
             "errors": errors,
         }
     finally:
@@ -150,5 +179,20 @@ def format_status(status: dict[str, Any]) -> str:
     lines = _table(["LEASE", "HOLDER", "TOKEN", "TTL LEFT"], lease_rows, {2, 3})
     lines.append("")
     lines += _table(["CHECKPOINT", "CLUSTER TIME (UTC)", "AGE", "TOKEN"], cp_rows, {2, 3})
+    if status.get("jobs"):
+        job_rows = [
+            [
+                job["name"],
+                job["holder"] or "-",
+                "-" if job["token"] is None else str(job["token"]),
+                job["last_fire"] or "-",
+                job["next_fire"] or "-",
+                job["last_outcome"] or "-",
+            ]
+            for job in status["jobs"]
+        ]
+        lines.append("")
+        headers = ["JOB", "HOLDER", "TOKEN", "LAST FIRE", "NEXT FIRE", "LAST OUTCOME"]
+        lines += _table(headers, job_rows, {2})
     lines += [f"error: {err}" for err in status.get("errors", [])]
     return "\n".join(lines)

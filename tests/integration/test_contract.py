@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from singleton.abc import Lease, LeaseBackend, LeaseState
+from singleton.abc import FireClaim, Lease, LeaseBackend, LeaseState
 from singleton.backends.mongo import MongoLeaseBackend
 from singleton.backends.redis import RedisLeaseBackend
 from singleton.elector import Elector
@@ -243,11 +243,81 @@ def test_facts_outlive_every_lease_operation(backend: LeaseBackend) -> None:
 
 def test_facts_are_lost_with_the_store(backend: LeaseBackend) -> None:
     backend.remember("job", {"checkpointed": "1"})
-    acquire(backend, "job", "a/1")
+    assert backend.claim_fire(acquire(backend, "job", "a/1"), 1_000)
     lose_all_data(backend)
     assert backend.recall("job") == {}
+    assert backend.fires("job") == []
     backend.remember("job", {"checkpointed": "2"})
     assert backend.recall("job") == {"checkpointed": "2"}
+
+
+def test_claim_fire_once_per_fire_time_and_only_later(backend: LeaseBackend) -> None:
+    a = acquire(backend, "job", "a/1")
+    assert backend.fires("job") == []
+    assert backend.claim_fire(a, 1_000)
+    assert not backend.claim_fire(a, 1_000)  # the same fire time: never twice
+    assert not backend.claim_fire(a, 999)  # an earlier one: never after a later one
+    assert backend.claim_fire(a, 2_000)
+    assert backend.fires("job") == [
+        FireClaim(2_000, a.token, "a/1"),
+        FireClaim(1_000, a.token, "a/1"),
+    ]
+    assert backend.fires("other") == []
+
+
+def test_claim_fire_is_fenced(backend: LeaseBackend) -> None:
+    a = acquire(backend, "job", "a/1", ttl=SHORT)
+    assert backend.claim_fire(a, 1_000)
+    assert not backend.claim_fire(Lease("job", "b/1", a.token, TTL), 2_000)  # another holder
+    assert not backend.claim_fire(Lease("job", "a/1", a.token + 1, TTL), 2_000)  # another token
+    expire(backend, "job")
+    assert not backend.claim_fire(a, 2_000)  # expired: a paused leader claims nothing
+    b = acquire(backend, "job", "b/1")
+    assert not backend.claim_fire(a, 3_000)  # deposed
+    assert backend.claim_fire(b, 2_000)  # the successor continues after the latest claim
+    assert backend.release(b)
+    assert not backend.claim_fire(b, 4_000)  # released
+    assert [c.fire_ms for c in backend.fires("job")] == [2_000, 1_000]
+    assert [c.token for c in backend.fires("job")] == [b.token, a.token]
+
+
+def test_claim_fire_keeps_the_latest(backend: LeaseBackend) -> None:
+    a = acquire(backend, "job", "a/1")
+    for fire in range(1, 8):
+        assert backend.claim_fire(a, fire * 1_000, keep=3)
+    assert [c.fire_ms for c in backend.fires("job")] == [7_000, 6_000, 5_000]
+    assert not backend.claim_fire(a, 4_000, keep=3)  # trimmed claims still bound the next one
+    backend.remember("job", {"note": "x"})
+    assert backend.recall("job") == {"note": "x"}  # facts and claims do not mix
+    assert len(backend.fires("job")) == 3
+
+
+def test_claim_fire_refuses_fire_times_ahead_of_the_store_clock(backend: LeaseBackend) -> None:
+    a = acquire(backend, "job", "a/1")
+    now = store_ms(backend)
+    assert not backend.claim_fire(a, now + 60_000, ahead_ms=10_000)  # a clock far ahead
+    assert backend.fires("job") == []
+    assert backend.claim_fire(a, now + 5_000, ahead_ms=10_000)
+    assert backend.fires("job")[0].fire_ms == now + 5_000
+
+
+def test_claim_fire_races_one_winner(backend: LeaseBackend) -> None:
+    a = acquire(backend, "job", "a/1")
+    results: list[bool] = []
+    go = threading.Event()
+
+    def claim() -> None:
+        go.wait(10)
+        results.append(backend.claim_fire(a, 5_000))
+
+    threads = [threading.Thread(target=claim) for _ in range(6)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join(30)
+    assert sorted(results) == [False] * 5 + [True]
+    assert len(backend.fires("job")) == 1
 
 
 BAD_CALLS: list[tuple[str, Callable[[LeaseBackend], object]]] = [
@@ -270,6 +340,12 @@ BAD_CALLS: list[tuple[str, Callable[[LeaseBackend], object]]] = [
     ("remember bool value", lambda b: b.remember("job", {"a": True})),
     ("remember float value", lambda b: b.remember("job", {"a": 1.5})),  # type: ignore[dict-item]
     ("recall empty name", lambda b: b.recall("")),
+    ("claim_fire empty name", lambda b: b.claim_fire(Lease("", "a/1", 1, 1), 1)),
+    ("claim_fire negative", lambda b: b.claim_fire(Lease("job", "a/1", 1, 1), -1)),
+    ("claim_fire float", lambda b: b.claim_fire(Lease("job", "a/1", 1, 1), 1.5)),  # type: ignore[arg-type]
+    ("claim_fire keep 0", lambda b: b.claim_fire(Lease("job", "a/1", 1, 1), 1, keep=0)),
+    ("claim_fire ahead < 0", lambda b: b.claim_fire(Lease("job", "a/1", 1, 1), 1, ahead_ms=-1)),
+    ("fires empty name", lambda b: b.fires("")),
 ]
 
 

@@ -153,7 +153,7 @@ def test_a_metrics_port_in_use_exits_2(capsys: pytest.CaptureFixture[str]) -> No
         (["run", "--listener", "nosuch.module:Thing"], "cannot import listener"),
         (["run", "--listener", "listeners.base:ChangeStreamListenr"], "did you mean"),
         (["run", "--option", "x=1"], "needs a --listener"),
-        (["run"], "no listeners configured"),
+        (["run"], "no listeners or jobs configured"),
         (["run", "--listener", "logging", "-o", "database=shop", "-o", "colection=x"], "colection"),
         (["status", "--config", "/nonexistent/singleton.toml"], "does not exist"),
         (["status", "--redis-url", "redis:/:hunter2@x"], "redis_url must start with"),

@@ -103,6 +103,10 @@ def format_summary(result: dict[str, Any]) -> str:
         f"{result['resurrected']}, extra {result['extra']}",
         f"  checkpoint regressions {result['checkpoint_regressions']}, fencing violations "
         f"{result['fencing_violations']}, stalls {result['stalls']}",
+        f"  scheduled job: {result['jobs']['runs']} runs, {result['jobs']['twice']} twice, "
+        f"{result['jobs']['missing']} missing"
+        f"{'' if result['jobs']['missing_fails'] else ' (skipping faults drilled)'}, token "
+        f"regressions {result['jobs']['token_regressions']}",
         f"  writer-to-index lag: p50 {sec(result['lag']['p50'])}, p99 {sec(result['lag']['p99'])}, "
         f"max {sec(result['lag']['max'])}",
         "  takeover gap     faults takeovers      p50      p99      max",

@@ -32,6 +32,8 @@ from singleton.service.cluster import (
     singleton_command,
 )
 from singleton.service.config import AUDIT_ENV, UNSAFE_ENV, Config, load_config
+from singleton.service.drill.jobs import RECORD_ENV as JOB_RECORD_ENV
+from singleton.service.drill.jobs import job_toml
 from singleton.service.drill.proxy import TcpProxy
 from singleton.service.embedded import ElasticServer, EmbeddedServer, MongoServer, RedisServer
 from singleton.service.registry import make_backend
@@ -154,6 +156,8 @@ class DrillCluster:
         self.audit_paths: dict[str, Path] = {}
         self.clock_files: dict[str, Path] = {}
         self.config: Config | None = None
+        #: every replica's runs of the drill's scheduled job (see drill/jobs.py)
+        self.job_record = workdir / "job-runs.txt"
         self._backend: LeaseBackend | None = None
 
     # -- start/stop ---------------------------------------------------------------------
@@ -200,7 +204,8 @@ renew_deadline = {t.renew_deadline}
 retry_interval = {t.retry_interval}
 cooldown = {t.cooldown}
 
-{es_listener_toml(LEASE, DATABASE, COLLECTION, INDEX)}"""
+{es_listener_toml(LEASE, DATABASE, COLLECTION, INDEX)}
+{job_toml()}"""
         )
         self.config = load_config(path)
         return path
@@ -236,6 +241,7 @@ cooldown = {t.cooldown}
             audit = self.workdir / f"audit-{identity}.jsonl"
             self.audit_paths[identity] = audit
             env[AUDIT_ENV] = str(audit)
+            env[JOB_RECORD_ENV] = str(self.job_record)
             if preload is not None:
                 clock = self.workdir / f"clock-{identity}.rc"
                 clock.write_text("+0\n")

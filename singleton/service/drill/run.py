@@ -33,6 +33,7 @@ from singleton.service.drill.cluster import (
     DrillCluster,
 )
 from singleton.service.drill.history import AuditTail, Sampler
+from singleton.service.drill.jobs import check_job
 from singleton.service.drill.verdict import (
     Verdict,
     checkpoint_regressions,
@@ -222,6 +223,8 @@ class Drill:
         v.violations = fencing_violations(records)
         v.gaps = takeover_gaps(self.injected, records, end)
         v.lags = write_lag(writer.log, records)
+        job = check_job(self.cluster.job_record, (f.kind for f in self.injected))
+        v.errors += job.failures()
         by_kind = {k: sum(f.kind == k for f in self.injected) for k in opts.kinds}
         result: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
@@ -241,6 +244,7 @@ class Drill:
             "checkpoint_regressions": len(v.regressions),
             "fencing_violations": len(v.violations),
             "stalls": len(v.stalls),
+            "jobs": job.as_dict(),
             "gaps": v.gaps_by_kind(opts.kinds),
             "lag": {**summary(v.lags), "writes": len(v.lags)},
             "writes": {

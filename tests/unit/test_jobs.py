@@ -1,0 +1,304 @@
+"""Leader-only jobs on a fake clock and the in-memory backend: each fire time once across a
+takeover, coalesce, misfire grace, failing calls and failed tenures, cron, max_instances."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from loguru import logger
+
+from singleton.errors import ConfigurationError
+from singleton.jobs import LeaderScheduler
+from singleton.jobs_context import JobContext, crontab_weekdays, epoch_ms, make_trigger
+from singleton.service.embedded import wait_until
+from singleton.testing import FakeClock, MemoryLeaseBackend
+
+JOB = "report"
+Record = tuple[datetime, int, str]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()  # wall 2023-11-14T22:30:00Z: whole minutes for cron
+
+
+@pytest.fixture
+def backend(clock: FakeClock) -> MemoryLeaseBackend:
+    return MemoryLeaseBackend(clock=clock)
+
+
+class Replica:
+    """One replica's scheduler driven by hand: electors and fire times tick on the fake clock."""
+
+    def __init__(self, backend: MemoryLeaseBackend, clock: FakeClock, identity: str) -> None:
+        self.sched = LeaderScheduler(backend, identity=identity, ttl=15, clock=clock)
+        self.clock = clock
+
+    def add(self, func: Callable[[JobContext], Any], **kw: Any) -> Replica:
+        kw.setdefault("trigger", "interval")
+        if kw["trigger"] == "interval":
+            kw.setdefault("seconds", 1)
+        self.sched.add_job(func, name=JOB, **kw)
+        return self
+
+    def elect(self) -> None:
+        self.sched.elector(JOB).tick()
+        assert self.sched.elector(JOB).is_leader
+        wait_until(  # the tenure resumes the job from a short-lived thread
+            lambda: self.sched.scheduler.get_job(JOB).next_run_time is not None,
+            5,
+            what="the job resumed",
+        )
+
+    def step(self, seconds: float = 1.0) -> None:
+        self.clock.advance(seconds)
+        self.tick()
+
+    def tick(self) -> None:
+        """Without moving the clock: renew (or find out about a loss), then run what is due."""
+        self.sched.elector(JOB).tick()
+        self.sched.tick()
+
+    def stop(self) -> None:
+        self.sched.stop(timeout=5)
+
+
+@pytest.fixture
+def made() -> Iterator[list[Replica]]:
+    replicas: list[Replica] = []
+    yield replicas
+    for r in replicas:
+        r.stop()
+
+
+def recorder(log: list[Record], identity: str) -> Callable[[JobContext], None]:
+    def call(ctx: JobContext) -> None:
+        ctx.check()
+        assert ctx.fire_time.tzinfo is timezone.utc and ctx.name == JOB
+        log.append((ctx.fire_time, ctx.token, identity))
+
+    return call
+
+
+def seconds(log: list[Record], start: datetime) -> list[int]:
+    return [round((fire - start).total_seconds()) for fire, _, _ in log]
+
+
+def wall(clock: FakeClock) -> datetime:
+    return datetime.fromtimestamp(clock.time(), timezone.utc)
+
+
+def test_each_fire_time_once_and_the_successor_runs_the_gap_late(
+    backend: MemoryLeaseBackend, clock: FakeClock, made: list[Replica]
+) -> None:
+    log: list[Record] = []
+    a = Replica(backend, clock, "a").add(recorder(log, "a"))
+    b = Replica(backend, clock, "b").add(recorder(log, "b"))
+    made += [a, b]
+    t0 = wall(clock)
+    a.elect()  # fire times fall on whole seconds from t0 (every: counted from ANCHOR)
+    for _ in range(3):
+        a.step()
+        b.tick()  # a follower: paused, runs nothing
+    assert seconds(log, t0) == [0, 1, 2, 3] and {who for *_, who in log} == {"a"}
+    backend.expire(JOB)  # a crashes: its lease expires, nothing released
+    clock.advance(4)  # the takeover takes 4 s: fire times 4..7 fall into it
+    b.elect()
+    b.step()
+    a.tick()  # a, were it still running, finds its lease gone: it claims nothing
+    assert seconds(log, t0) == [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    assert [who for *_, who in log] == ["a"] * 4 + ["b"] * 5
+    tokens = [token for _, token, _ in log]
+    assert tokens == sorted(tokens) and tokens[0] < tokens[-1]
+    status = b.sched.status()[0]
+    assert status.leader and status.runs == 5 and status.last_outcome == "ok"
+    assert status.lateness_seconds == 0.0  # the last one (8) ran on time
+    assert [c.fire_ms for c in backend.fires(JOB)][:2] == [
+        epoch_ms(fire) for fire, *_ in reversed(log[-2:])
+    ]
+
+
+def test_a_store_that_lost_its_claims_resumes_from_now(
+    backend: MemoryLeaseBackend, clock: FakeClock, made: list[Replica]
+) -> None:
+    log: list[Record] = []
+    a = Replica(backend, clock, "a").add(recorder(log, "a"))
+    b = Replica(backend, clock, "b").add(recorder(log, "b"))
+    made += [a, b]
+    t0 = wall(clock)
+    a.elect()
+    a.step()
+    a.step()
+    backend.reset()  # leases, fencing counters and claims: all gone
+    clock.advance(3)
+    b.elect()
+    b.step()
+    a.tick()  # a's renewal is refused: it runs nothing more
+    assert seconds(log, t0) == [0, 1, 2, 5, 6]  # 3 and 4 skipped, nothing twice
+    assert [who for *_, who in log] == ["a"] * 3 + ["b"] * 2
+
+
+def test_coalesce_runs_the_missed_fire_times_once_in_all(
+    backend: MemoryLeaseBackend, clock: FakeClock, made: list[Replica]
+) -> None:
+    log: list[Record] = []
+    a = Replica(backend, clock, "a").add(recorder(log, "a"), coalesce=True)
+    made.append(a)
+    t0 = wall(clock)
+    a.elect()
+    a.step()
+    a.step(3.5)  # 2, 3, 4 are due: one call, for the latest
+    a.step(0.5)
+    assert seconds(log, t0) == [1, 4, 5]  # coalesced on the first tick too: 0 and 1
+
+
+def test_fire_times_later_than_the_misfire_grace_are_not_run(
+    backend: MemoryLeaseBackend, clock: FakeClock, made: list[Replica]
+) -> None:
+    log: list[Record] = []
+    a = Replica(backend, clock, "a").add(recorder(log, "a"), misfire_grace_time=2.5)
+    made.append(a)
+    t0 = wall(clock)
+    a.elect()
+    a.step()
+    a.step(6)  # 2..7 due at 7: 2, 3 and 4 are more than 2.5 s late
+    assert seconds(log, t0) == [0, 1, 5, 6, 7]
+    status = a.sched.status()[0]
+    assert status.missed == 3 and status.runs == 5
+
+
+def test_a_call_that_raises_is_counted_and_the_next_fire_time_runs(
+    backend: MemoryLeaseBackend, clock: FakeClock, made: list[Replica]
+) -> None:
+    calls: list[int] = []
+
+    def flaky(ctx: JobContext) -> None:
+        calls.append(epoch_ms(ctx.fire_time))
+        if len(calls) % 2:
+            raise RuntimeError("boom")
+
+    a = Replica(backend, clock, "a").add(flaky)
+    made.append(a)
+    a.elect()
+    for _ in range(3):
+        a.step()  # fire times 0..3: the 1st and the 3rd raise
+    status = a.sched.status()[0]
+    assert len(calls) == 4 and status.runs == 2 and status.failures == 2
+    assert status.failure is None and a.sched.problems() == []
+    assert backend.recall(JOB)["last_outcome"] == "ok"
+
+
+def test_consecutive_failures_fail_the_tenure(
+    backend: MemoryLeaseBackend, clock: FakeClock, made: list[Replica]
+) -> None:
+    def broken(ctx: JobContext) -> None:
+        raise RuntimeError("database gone")
+
+    errors: list[str] = []
+    sink = logger.add(lambda m: errors.append(str(m)), level="ERROR", format="{message}")
+    a = Replica(backend, clock, "a").add(broken, max_failures=3)
+    made.append(a)
+    try:
+        a.elect()
+        token = a.sched.elector(JOB).leadership.token  # type: ignore[union-attr]
+        for _ in range(3):
+            a.step()
+    finally:
+        logger.remove(sink)
+    assert backend.inspect(JOB) is None  # resigned: released at once for another replica
+    assert not a.sched.elector(JOB).is_leader
+    failed = [e for e in errors if "tenure failed" in e]
+    assert len(failed) == 1 and f"token={token}" in failed[0] and JOB in failed[0]
+    status = a.sched.status()[0]
+    assert status.failure is not None and "database gone" in status.failure
+    assert a.sched.problems() and "failed" in a.sched.problems()[0]
+    assert status.cooldown_until is not None and status.cooldown_until >= clock.monotonic() + 10
+    assert backend.recall(JOB)["last_outcome"].startswith("error: RuntimeError")
+
+
+def test_cron_fire_times_on_a_fake_clock(
+    backend: MemoryLeaseBackend, clock: FakeClock, made: list[Replica]
+) -> None:
+    log: list[Record] = []
+    a = Replica(backend, clock, "a").add(
+        recorder(log, "a"), trigger=make_trigger(cron="*/5 * * * *")
+    )
+    made.append(a)
+    assert wall(clock).minute == 30 and wall(clock).second == 0
+    a.elect()
+    for _ in range(11 * 12):
+        a.step(5)  # to 22:41, renewing on the way
+    assert [fire.strftime("%H:%M:%S") for fire, *_ in log] == ["22:30:00", "22:35:00", "22:40:00"]
+    assert a.sched.status()[0].next_fire == datetime(2023, 11, 14, 22, 45, tzinfo=timezone.utc)
+
+
+def test_crontab_weekdays_count_from_sunday() -> None:
+    assert crontab_weekdays("1-5") == "mon,tue,wed,thu,fri"
+    assert crontab_weekdays("0") == crontab_weekdays("7") == "sun"
+    assert crontab_weekdays("*/2") == "sun,tue,thu,sat"
+    trigger = make_trigger(cron="0 9 * * 0")  # Sundays at 09:00
+    nxt = trigger.get_next_fire_time(None, datetime(2023, 11, 14, tzinfo=timezone.utc))
+    assert nxt is not None and nxt.weekday() == 6 and nxt.day == 19
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        ({"every": None, "cron": None}, "exactly one"),
+        ({"every": 1, "cron": "* * * * *"}, "exactly one"),
+        ({"every": 0}, "positive"),
+        ({"cron": "* * * *"}, "5 fields"),
+        ({"cron": "61 * * * *"}, "not a valid crontab"),
+    ],
+)
+def test_bad_triggers_named(kw: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigurationError, match=needle):
+        make_trigger(**kw)
+
+
+def test_a_call_longer_than_its_interval_follows_max_instances(
+    backend: MemoryLeaseBackend,
+) -> None:
+    """On the real scheduler thread: a call that outlasts its interval is not run twice at once
+    (max_instances=1); the fire times that came due meanwhile are skipped, not queued."""
+    release = threading.Event()
+    started: list[datetime] = []
+    running = [0, 0]  # now, most at once
+
+    def slow(ctx: JobContext) -> None:
+        started.append(ctx.fire_time)
+        running[0] += 1
+        running[1] = max(running)
+        try:
+            release.wait(10)
+        finally:
+            running[0] -= 1
+
+    sched = LeaderScheduler(MemoryLeaseBackend(), identity="a", ttl=3)
+    sched.add_job(slow, "interval", name=JOB, seconds=0.1)
+    sched.start()
+    try:
+        wait_until(lambda: len(started) == 1, 10, what="the first call")
+        first = started[0]
+        wait_until(  # the scheduler moved past fire times it could not start
+            lambda: (
+                sched.status()[0].next_fire is not None
+                and (sched.status()[0].next_fire - first).total_seconds() > 0.5
+            ),  # type: ignore[operator]
+            10,
+            what="fire times skipped while the call runs",
+        )
+        assert len(started) == 1
+        release.set()
+        wait_until(lambda: len(started) >= 3, 10, what="later calls")
+    finally:
+        release.set()
+        sched.stop(timeout=5)
+    assert running[1] == 1
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(started)]
+    assert gaps[0] > 0.5 and len(set(started)) == len(started)
