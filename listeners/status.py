@@ -105,6 +105,16 @@ class RunnerStatus:
             return None
         return float(max(0, seen.time - saved.time))
 
+    def lag_seconds(self, now: float) -> float | None:
+        """End-to-end lag: ``now`` (wall-clock seconds) minus the cluster time of the newest
+        position this runner acknowledged or caught up to (an idle stream's token advances with
+        the server, so a quiet collection shows no lag). ``None`` before the first one, or
+        while this replica does not lead."""
+        seen = self.last_seen_cluster_time
+        if seen is None or not self.leader:
+            return None
+        return max(0.0, now - float(seen.time))
+
     @property
     def ready(self) -> bool:
         """False while the last tenure's failure stands (``/readyz`` answers 503 with

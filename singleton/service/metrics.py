@@ -3,7 +3,7 @@
 Values are read from the electors and runners at scrape time (a custom collector), so the hot
 paths carry no instrumentation cost and there is no global registry.
 
-* ``/metrics``: Prometheus text format.
+* ``/metrics``: Prometheus text format, or OpenMetrics when the scraper asks for it.
 * ``/healthz``: 200 while the process is alive and its lease store answers.
 * ``/readyz``: 200 once every listener and job is either leading or a standby whose store
   answers; 503 naming each listener or job whose last tenure failed (and why), or whose lease
@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 
 from singleton.errors import SingletonError
 
@@ -107,6 +109,12 @@ class ReplicaCollector:
         resigned = CounterMetricFamily(
             "singleton_resignations", "Tenures resigned because the work failed", labels=["lease"]
         )
+        lag = GaugeMetricFamily(
+            "singleton_lag_seconds",
+            "Now minus the cluster time of the newest position the leader acknowledged",
+            labels=["lease"],
+        )
+        now = time.time()
         runner_families: dict[str, Any] = {}
         for key, (name, doc, counter) in RUNNER_METRICS.items():
             family = CounterMetricFamily if counter else GaugeMetricFamily
@@ -127,11 +135,14 @@ class ReplicaCollector:
             store_errors.add_metric([h.name, "fatal"], fatal)
             resigned.add_metric([h.name], stats.resignations)
             status = h.runner.status()
+            behind = status.lag_seconds(now)
+            if behind is not None:
+                lag.add_metric([h.name], behind)
             for attr, family in runner_families.items():
                 value = getattr(status, attr)
                 if value is not None:  # not known yet (no batch, no checkpoint): no sample
                     family.add_metric([h.name], float(value))
-        yield from (leader, token, trans, renew, renew_fail, store_errors, resigned)
+        yield from (leader, token, trans, renew, renew_fail, store_errors, resigned, lag)
         yield from runner_families.values()
         yield from _job_families(self.replica)
 
@@ -142,7 +153,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            self._send(200, generate_latest(self.server.registry), "text/plain; version=0.0.4")
+            # Prometheus' own exposition: OpenMetrics when the scraper asks for it, else text.
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            self._send(200, encoder(self.server.registry), content_type)
         elif path == "/healthz":
             ok, detail = self.server.health()
             self._json(200 if ok else 503, {"ok": ok, "detail": detail})
