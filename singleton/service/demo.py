@@ -124,12 +124,14 @@ def run_demo(
         by_id = {p.identity: p for p in procs}
         lease_backend = make_backend(config)
 
-        def leader() -> tuple[str | None, int | None]:
+        def leader() -> tuple[str | None, int | None, float]:
             try:
                 state = lease_backend.inspect(LEASE)
             except SingletonError:
-                return None, None
-            return (None, None) if state is None else (state.identity, state.token)
+                return None, None, 0.0
+            if state is None:
+                return None, None, 0.0
+            return state.identity, state.token, state.ttl_remaining
 
         writer = Writer(coll, rate=40.0)
         writer_thread = threading.Thread(target=writer.run, name="demo-writer", daemon=True)
@@ -139,9 +141,10 @@ def run_demo(
         end_writes = t0 + duration * 0.85
         tick = threading.Event()
         last_print = 0.0
+        killed_token: int | None = None  # a crashed leader's lease is left to run out
         while time.monotonic() < end_writes and not interrupted.is_set():
             elapsed = time.monotonic() - t0
-            ident, token = leader()
+            ident, token, left = leader()
             if faults and elapsed >= faults[0][0] * duration and ident in by_id:
                 _, kind = faults.pop(0)
                 victim = by_id[ident]
@@ -149,21 +152,33 @@ def run_demo(
                 if kind == "kill":
                     victim.signal(signal.SIGKILL)
                     victim.wait(5)
+                    killed_token = token
                     victim.start()
+                    at = time.monotonic() - t0
+                    say(
+                        f"  [{at:5.1f}s] {ident} restarted (a new process: it starts as a follower)"
+                    )
                 elif kind == "term":
                     victim.signal(signal.SIGTERM)
                     code = victim.wait(15)
                     at = time.monotonic() - t0
                     say(f"  [{at:5.1f}s] {ident} exited with {code} after handing over")
                     victim.start()
+                    say(f"  [{time.monotonic() - t0:5.1f}s] {ident} restarted")
                 else:
                     victim.signal(signal.SIGUSR1)
+            elapsed = time.monotonic() - t0  # after a fault's own lines, never before them
             if live and elapsed - last_print >= 1.0:
                 last_print = elapsed
                 counts = f"mongo={coll.estimated_document_count():<5} es={_es_count(es_srv.url):<5}"
+                note = ""
+                if token is not None and token == killed_token:
+                    note = (
+                        f" (killed; its lease runs out in {left:.1f}s, then a follower takes over)"
+                    )
                 say(
-                    f"  [{elapsed:5.1f}s] leader={ident or '-':<10} token={token or '-':<3} "
-                    f"{counts} writes={writer.ops}"
+                    f"  [{elapsed:5.1f}s] leader={ident or '-':<10} token={token or '-':<13} "
+                    f"{counts} writes={writer.ops}{note}"
                 )
             tick.wait(0.2)
         writer.stop_event.set()

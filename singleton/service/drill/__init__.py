@@ -109,11 +109,13 @@ def format_summary(result: dict[str, Any]) -> str:
         f"regressions {result['jobs']['token_regressions']}",
         f"  writer-to-index lag: p50 {sec(result['lag']['p50'])}, p99 {sec(result['lag']['p99'])}, "
         f"max {sec(result['lag']['max'])}",
-        "  takeover gap     faults takeovers      p50      p99      max",
+        "  takeover gap (the old tenure's last acknowledged write, or its release, to the next"
+        " election):",
+        "    fault            faults takeovers      p50      p99      max",
     ]
     for kind, g in result["gaps"].items():
         lines.append(
-            f"    {kind:<14} {g['count']:>6} {g['takeovers']:>9} {sec(g['p50']):>8} "
+            f"    {kind:<16} {g['count']:>6} {g['takeovers']:>9} {sec(g['p50']):>8} "
             f"{sec(g['p99']):>8} {sec(g['max']):>8}"
         )
     lines += [f"  FAILED: {f}" for f in result["failures"]]

@@ -170,7 +170,7 @@ class Drill:
                 self.say(
                     f"  [{self._t(rec.at):6.1f}s] {fault.index + 1:>3}/{len(self.schedule)} "
                     f"{fault.describe():<22} leader {rec.victim or '-'} (token {rec.token}) "
-                    f"{'recovered' if ok else 'NOT RECOVERED'} {after:.2f}s after"
+                    f"{'streaming again' if ok else 'NOT STREAMING'} {after:.2f}s after the fault"
                 )
                 if not ok:
                     self.stalls.append(f"fault {fault.index} ({fault.describe()})")
