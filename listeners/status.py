@@ -18,6 +18,7 @@ from bson.timestamp import Timestamp
 
 from listeners.deadletter import PoisonEventError
 from singleton.errors import HistoryLostError, SingletonError, SinkError
+from singleton.latency import Latencies, LatencySnapshot
 from singleton.mongo import classify
 
 RunnerState = Literal[
@@ -80,8 +81,9 @@ class RunnerStatus:
     dead_lettered: int = 0
     #: ``handle_batch`` attempts that raised (each retry counts): the sink's errors.
     sink_errors: int = 0
-    #: Seconds the last batch took to deliver, retries included.
+    #: Seconds the last batch took to deliver, retries included, and all of them as a histogram.
     last_batch_seconds: float | None = None
+    batch_latency: LatencySnapshot = field(default_factory=LatencySnapshot)
     history_lost: int = 0
     reconnects: int = 0
     last_error: str | None = None
@@ -132,6 +134,8 @@ class RunnerStatus:
         out["checkpoint_age_seconds"] = self.checkpoint_age_seconds
         out["ready"] = self.ready
         out["last_outcome"] = None if self.last_outcome is None else self.last_outcome.as_dict()
+        latency = self.batch_latency
+        out["batch_latency"] = {"count": latency.count, "sum_seconds": round(latency.total, 6)}
         return {key: _jsonable(value) for key, value in out.items()}
 
     def __getitem__(self, key: str) -> Any:
@@ -159,6 +163,7 @@ class StatusBoard:
     def __init__(self, listener: str) -> None:
         self._lock = threading.Lock()
         self._value = RunnerStatus(listener)
+        self._batch_latency = Latencies()
 
     def set(self, **fields: Any) -> None:
         with self._lock:
@@ -188,10 +193,12 @@ class StatusBoard:
     ) -> None:
         """One batch of ``events`` was delivered (``dead_lettered`` of them as dead letters,
         after ``errors`` failed tries) in ``seconds``, up to ``cluster_time``: one update."""
+        self._batch_latency.observe(seconds)
         with self._lock:
             v = self._value
             self._value = dataclasses.replace(
                 v,
+                batch_latency=self._batch_latency.snapshot(),
                 events_handled=v.events_handled + events - dead_lettered,
                 dead_lettered=v.dead_lettered + dead_lettered,
                 sink_errors=v.sink_errors + errors,

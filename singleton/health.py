@@ -11,11 +11,12 @@ failure is silent.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loguru import logger
 
 from singleton.errors import BackendUnavailableError
+from singleton.latency import Latencies
 from singleton.redact import redact
 
 
@@ -40,11 +41,14 @@ class ElectorStats:
     consecutive_failures: int = 0
     #: Tenures ended by ``resign()`` because the work under the lease failed.
     resignations: int = 0
+    #: Every answered renewal's round trip, for the ``singleton_renew_latency_seconds`` histogram.
+    renew_latency: Latencies = field(default_factory=Latencies)
 
     def renewed(self, latency: float) -> None:
         self.renewals += 1
         self.renew_seconds_total += latency
         self.last_renew_seconds = latency
+        self.renew_latency.observe(latency)
 
 
 def is_transient(exc: BaseException) -> bool:

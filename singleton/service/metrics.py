@@ -21,10 +21,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import choose_encoder
 
 from singleton.errors import SingletonError
+from singleton.latency import LatencySnapshot
 
 if TYPE_CHECKING:
     from singleton.service.replica import Replica
@@ -36,11 +42,6 @@ _COUNTER, _GAUGE = True, False
 RUNNER_METRICS = {
     "events_handled": ("singleton_events_processed", "Change events handled", _COUNTER),
     "batches": ("singleton_batches_processed", "Batches handled", _COUNTER),
-    "last_batch_seconds": (
-        "singleton_batch_latency_seconds",
-        "Last batch, retries included",
-        _GAUGE,
-    ),
     "checkpoint_age_seconds": (
         "singleton_checkpoint_age_seconds",
         "Cluster-time seconds between the last checkpoint and the newest event seen",
@@ -84,6 +85,10 @@ def _job_families(replica: Replica) -> list[Any]:
     return list(families.values())
 
 
+def _observe(family: HistogramMetricFamily, lease: str, snap: LatencySnapshot) -> None:
+    family.add_metric([lease], buckets=snap.cumulative(), sum_value=snap.total)
+
+
 class ReplicaCollector:
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
@@ -94,8 +99,13 @@ class ReplicaCollector:
         trans = CounterMetricFamily(
             "singleton_transitions", "Leadership transitions", labels=["lease", "kind"]
         )
-        renew = GaugeMetricFamily(
-            "singleton_renew_latency_seconds", "Last renewal round trip", labels=["lease"]
+        renew = HistogramMetricFamily(
+            "singleton_renew_latency_seconds", "Renewal round trips", labels=["lease"]
+        )
+        batch = HistogramMetricFamily(
+            "singleton_batch_latency_seconds",
+            "Seconds a batch took to deliver to the sink, retries included",
+            labels=["lease"],
         )
         renew_fail = CounterMetricFamily(
             "singleton_renew_failures", "Renewals that failed", labels=["lease"]
@@ -127,7 +137,7 @@ class ReplicaCollector:
             stats = h.elector.stats
             trans.add_metric([h.name, "elected"], stats.elections)
             trans.add_metric([h.name, "lost"], stats.losses)
-            renew.add_metric([h.name], stats.last_renew_seconds)
+            _observe(renew, h.name, stats.renew_latency.snapshot())
             renew_fail.add_metric([h.name], stats.renew_failures)
             fatal = stats.fatal_errors
             transient = max(0, stats.contend_failures + stats.renew_failures - fatal)
@@ -135,6 +145,7 @@ class ReplicaCollector:
             store_errors.add_metric([h.name, "fatal"], fatal)
             resigned.add_metric([h.name], stats.resignations)
             status = h.runner.status()
+            _observe(batch, h.name, status.batch_latency)
             behind = status.lag_seconds(now)
             if behind is not None:
                 lag.add_metric([h.name], behind)
@@ -142,7 +153,7 @@ class ReplicaCollector:
                 value = getattr(status, attr)
                 if value is not None:  # not known yet (no batch, no checkpoint): no sample
                     family.add_metric([h.name], float(value))
-        yield from (leader, token, trans, renew, renew_fail, store_errors, resigned, lag)
+        yield from (leader, token, trans, renew, renew_fail, store_errors, resigned, lag, batch)
         yield from runner_families.values()
         yield from _job_families(self.replica)
 

@@ -21,7 +21,7 @@ def test_status_feeds_every_declared_metric(mongo_url: str, unique: str) -> None
     runner = scene.runner(listener).start()
     registry = CollectorRegistry(auto_describe=False)
     replica: Any = SimpleNamespace(
-        hosted=[Hosted(listener.lease_name, runner.elector, runner, listener)]
+        hosted=[Hosted(listener.lease_name, runner.elector, runner, listener)], jobs=None
     )
     registry.register(ReplicaCollector(replica))
     try:
@@ -44,6 +44,8 @@ def test_status_feeds_every_declared_metric(mongo_url: str, unique: str) -> None
         assert (f"{name}_total" if counter else name) in samples, f"{name} not produced"
     assert samples["singleton_events_processed_total"] == 10
     assert samples["singleton_sink_errors_total"] == 0
+    assert samples["singleton_batch_latency_seconds_count"] >= 1  # a histogram of every batch
+    assert samples["singleton_lag_seconds"] >= 0
     assert status.last_batch_seconds is not None and status.last_batch_seconds >= 0
     assert status.leader and status.fencing_token is not None
     assert status.ready and status.listener_failed == 0 and status.failure is None
