@@ -20,6 +20,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import quote
 
 import pymongo
 from bson.timestamp import Timestamp
@@ -144,7 +145,7 @@ def _latency(client: Any, es_url: str, db: str) -> dict[str, float]:
             while i not in written:
                 stop.wait(0.0005)
             while True:
-                status, _ = es.request("GET", f"{path}{i}?realtime=true")
+                status, _ = es.request("GET", f"{path}{quote(doc_id(i), safe='')}?realtime=true")
                 if status == 200:
                     seen[i] = time.perf_counter()
                     break

@@ -7,9 +7,11 @@ nothing of the listener (the copy gets functions, the bulk writer a callback for
 * :mod:`.bulk` - the bulk writer (per-item results, retries, dead letters);
 * :mod:`.transport` - HTTP to the cluster (plain ``application/json``, works with ES 7-9 and
   OpenSearch);
-* :mod:`.documents` - BSON document -> index id and JSON source;
+* :mod:`.documents` - BSON document -> JSON source (the non-finite rule), index name;
+* :mod:`.ids` - BSON ``_id`` <-> index ``_id``, injective and reversible;
+* :mod:`.fragments` - change events over 16 MB (split fragments, events without their document);
 * :mod:`.versioning` - external versions derived from the oplog position;
-* :mod:`.index` - the index's creation, ``gc_deletes`` and deletion;
+* :mod:`.index` - the alias, its physical index, the atomic swap, ``gc_deletes``;
 * :mod:`.copy` - the resumable initial copy;
 * :mod:`.verify` - compare a collection with its index (the drill and the demo use it);
 * :mod:`.deadletters` - bulk rejections -> the listener's dead-letter store.

@@ -1,11 +1,22 @@
 """Bulk writes with per-item results (elasticsearch-py ``streaming_bulk``'s model, with retries).
 
 Every item ends in exactly one of: written (2xx), already newer (409 under external versioning,
-counted as success), or dead-lettered (any other 4xx: it will never succeed, so it must not block
-the stream). 429 / 5xx items and requests that got no answer are retried, alone, with the
-bounded, jittered backoff of every retry loop (:class:`singleton.retry.Backoff`) until
-``retry_timeout``; after that :class:`SinkError` is raised and the caller (the runner) retries
-the batch later. Re-sending is always safe: versions make every write idempotent.
+counted as success), or dead-lettered: only a rejection of *that document* (a mapping or parse
+error, an invalid or too long id, a document too large: a 4xx other than those below), which will
+never succeed and so must not block the stream.
+
+Everything else is about the sink, not the document, and is never dead-lettered:
+
+* 429 / 5xx items, 429 / 5xx answers to the whole request, and requests that got no answer
+  (connection refused, timeout) are retried, the failing items alone, with the bounded,
+  jittered backoff of every retry loop (:class:`singleton.retry.Backoff`), ``check()`` before
+  each attempt, for ``retry_timeout``; then :class:`SinkUnavailableError` is raised and the
+  runner retries the batch in place within its failure budget.
+* any other failed answer to the whole request (401, 403, a 400 about the request) and items
+  refused for a reason that holds for every document (401, 403, a missing index) raise
+  :class:`SinkRejectedError` at once: the tenure fails and resigns the lease.
+
+Re-sending is always safe: versions make every write idempotent.
 
 Memory is bounded: a :class:`BulkSession` holds at most ``concurrency`` requests in flight plus one
 being filled, and :meth:`BulkSession.add` blocks while they are busy. Before every request the
@@ -24,12 +35,20 @@ from typing import Any
 
 from loguru import logger as _default_logger
 
-from listeners.elasticsearch.transport import EsUnavailableError, Transport, error_text
-from singleton.errors import SinkError
+from listeners.elasticsearch.transport import (
+    RETRY_STATUSES,
+    EsUnavailableError,
+    Transport,
+    error_text,
+    request_error,
+)
+from singleton.errors import SinkRejectedError, SinkUnavailableError
 from singleton.retry import Backoff
 
-#: Item or request statuses worth retrying: overload, gateway trouble, unavailable shards.
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+__all__ = ["RETRY_STATUSES", "BulkItem", "BulkLimits", "BulkStats", "BulkWriter", "DeadLetter"]
+
+#: Item statuses that concern every document alike: the whole tenure fails (see above).
+_SINK_REFUSALS = frozenset({401, 403})
 
 
 @dataclass(slots=True)
@@ -154,7 +173,7 @@ class BulkWriter:
                 return
             self.stats.add(retried=len(pending))
             if time.monotonic() >= deadline:
-                raise SinkError(
+                raise SinkUnavailableError(
                     f"{len(pending)} bulk items still failing after {self.limits.retry_timeout} s "
                     f"on {self.transport.description}: {why}"
                 )
@@ -177,16 +196,13 @@ class BulkWriter:
             status, resp = self.transport.request("POST", "/_bulk", body, ndjson=True)
         except EsUnavailableError as exc:
             return pending, str(exc)
-        if status in RETRY_STATUSES:
+        if status in RETRY_STATUSES or status >= 500:
             return pending, f"HTTP {status} {error_text(resp)}"
-        if not 200 <= status < 300 or not isinstance(resp, dict):
-            raise SinkError(
-                f"bulk request refused by {self.transport.description}: HTTP {status} "
-                f"{error_text(resp)}"
-            )
-        results = resp.get("items")
+        if not 200 <= status < 300:
+            raise request_error(status, resp, f"bulk request to {self.transport.description}")
+        results = resp.get("items") if isinstance(resp, dict) else None
         if not isinstance(results, list) or len(results) != len(pending):
-            raise SinkError(
+            raise SinkUnavailableError(
                 f"bulk answer from {self.transport.description} has "
                 f"{len(results) if isinstance(results, list) else 'no'} items for {len(pending)}"
             )
@@ -206,9 +222,14 @@ class BulkWriter:
                 written += 1
             elif st == 409:
                 conflicts += 1
-            elif st in RETRY_STATUSES or st == 0:
+            elif st in RETRY_STATUSES or st == 0 or st >= 500:
                 retry.append(item)
                 why = f"item HTTP {st} {error_text(r)}"
+            elif st in _SINK_REFUSALS or _index_missing(st, r):
+                raise SinkRejectedError(
+                    f"{self.transport.description} refused {item.op} {item.index}/{item.doc_id}"
+                    f" (HTTP {st}), a refusal that holds for every document: {error_text(r)}"
+                )
             else:
                 dead.append(DeadLetter(item, st, error_text(r)))
         self.stats.add(written=written, conflicts=conflicts, dead=len(dead))
@@ -224,6 +245,12 @@ class BulkWriter:
                 )
             self.on_dead(dead)
         return retry, why
+
+
+def _index_missing(status: int, result: dict[str, Any]) -> bool:
+    err = result.get("error")
+    missing = isinstance(err, dict) and err.get("type") == "index_not_found_exception"
+    return status == 404 and missing
 
 
 class BulkSession:

@@ -6,13 +6,16 @@ event at or before ``T`` that is streamed later is refused (409) in favour of th
 event after ``T`` wins over it. Each attempt (also a resumed one) reads its own ``T``, which keeps
 that argument true for the documents it copies.
 
-Progress (``last_id`` as extended JSON, counts, and ``start_time``: the cluster time of the first
-attempt) is saved through ``ctx.save_progress`` only after the documents before it were settled,
-and cleared when the copy completes. A resumed copy first replays the change stream from the
-first attempt's ``start_time`` up to its own ``T`` (versions make that idempotent), because the
-runner streams only from the cluster time it read before *this* attempt: without the replay, a
-change made between the attempts to a document copied by the first one would be missed. If that
-history is gone from the oplog, the copy starts over.
+Progress (``last_id`` as extended JSON, counts, ``start_time``: the cluster time of the first
+attempt, and the caller's ``progress_extra``, such as the physical index copied into) is saved
+through ``ctx.save_progress`` only after the documents before it were settled. The caller clears it
+once it has used the copy (the listener: after the alias swap). A resumed copy first replays the
+change stream from the first attempt's ``start_time`` up to its own ``T`` (versions make that
+idempotent), because the runner streams only from the cluster time it read before *this* attempt:
+without the replay, a change made between the attempts to a document copied by the first one would
+be missed. If that history is gone from the oplog, the copy starts over. After the last document,
+the events since the first attempt's ``start_time`` are replayed the same way, so the copy is as
+recent as the stream when :meth:`InitialCopy.run` returns (the listener swaps its alias only then).
 
 The copy knows nothing of the listener that runs it: it gets a function that turns a document
 into a bulk item and one that applies change events, and the writer to send with.
@@ -20,6 +23,7 @@ into a bulk item and one that applies change events, and the writer to send with
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +62,8 @@ class InitialCopy:
     replay: Replay
     batch_size: int
     replay_batch: int
+    #: Saved with every progress record (and found in the one loaded by :meth:`load`).
+    progress_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def run(self, ctx: ListenerContext, coll: Any, writer: BulkWriter) -> int:
         """Copy what is left of ``coll``; returns the number of documents copied now."""
@@ -68,7 +74,9 @@ class InitialCopy:
             last_id = json_util.loads(progress["last_id"])
             # $expr compares across BSON types (a plain $gt only matches _ids of last_id's type).
             query = {"$expr": {"$gt": ["$_id", {"$literal": last_id}]}}
-        tracker = _Progress(self.name, ctx, progress, ts, coll.estimated_document_count())
+        tracker = _Progress(
+            self.name, ctx, progress, ts, coll.estimated_document_count(), self.progress_extra
+        )
         version = copy_version(ts)
         session = writer.session(ctx.check, ctx.leadership.wait_lost)
         chunk, last = 0, None
@@ -88,7 +96,8 @@ class InitialCopy:
         finally:
             cursor.close()
         tracker.settled(chunk, last, final=True)
-        ctx.save_progress(None)
+        start = Timestamp(*tracker.start_time)
+        self._catch_up(ctx, coll, start, mongo.cluster_time(ctx.client))
         return tracker.done_now
 
     def _resume_point(self, ctx: ListenerContext, coll: Any, ts: Timestamp) -> dict[str, Any]:
@@ -143,9 +152,7 @@ class InitialCopy:
             )
             return False
         ctx.logger.info(
-            "initial sync of {}: replayed {} events made since the first attempt",
-            self.name,
-            applied,
+            "initial sync of {}: replayed {} events made since {}", self.name, applied, since
         )
         return True
 
@@ -154,9 +161,16 @@ class _Progress:
     """Counts settled documents; saves and logs the copy's progress after each batch."""
 
     def __init__(
-        self, name: str, ctx: ListenerContext, saved: Mapping[str, Any], ts: Timestamp, total: int
+        self,
+        name: str,
+        ctx: ListenerContext,
+        saved: Mapping[str, Any],
+        ts: Timestamp,
+        total: int,
+        extra: Mapping[str, Any],
     ) -> None:
         self.name = name
+        self.extra = dict(extra)
         self.ctx = ctx
         self.before = int(saved.get("copied", 0))
         self.start_time = saved.get("start_time") or [ts.time, ts.inc]
@@ -170,6 +184,7 @@ class _Progress:
         if last_id is not None:
             self.ctx.save_progress(
                 {
+                    **self.extra,
                     "last_id": json_util.dumps(last_id),
                     "copied": copied,
                     "start_time": self.start_time,

@@ -1,7 +1,9 @@
 """Bulk items Elasticsearch will never accept (mapping errors, other 4xx), recorded in the shared
 dead-letter store (:class:`listeners.deadletter.DeadLetterStore`, ``singleton.dead_letters``) so
-that the stream never blocks on them. One record per item; the ``event`` field holds what an
-operator needs to replay it once the mapping is fixed: index, ``_id``, version, source, reason.
+that the stream never blocks on them. One record per item (a replayable change event without its
+document, when it came from the stream; copy rejections have no event to replay); the ``event``
+field holds what an operator needs to replay it once the mapping is fixed: index, ``_id``, version,
+source, reason.
 """
 
 from __future__ import annotations
@@ -9,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from listeners.elasticsearch.bulk import DeadLetter
+from listeners.elasticsearch.bulk import BulkItem, DeadLetter
+from listeners.elasticsearch.ids import bson_id_of
 from singleton.errors import SinkError
 
 if TYPE_CHECKING:
-    from listeners.base import ListenerContext
-    from listeners.deadletter import DeadLetterStore
+    from listeners.base import DeadLetterSink, ListenerContext
 
 
 class ItemRejectedError(SinkError):
@@ -25,16 +27,33 @@ class ItemRejectedError(SinkError):
         self.status = status
 
 
+def _bson_key(item: BulkItem) -> Any:
+    """The document's MongoDB ``_id``: kept by the listener for items it could not even build,
+    else mapped back from the index id (:func:`.ids.bson_id_of`)."""
+    if "key" in item.origin:
+        return item.origin["key"]
+    try:
+        return bson_id_of(item.doc_id)
+    except ValueError:
+        return item.doc_id
+
+
 def letter_record(letter: DeadLetter) -> dict[str, Any]:
     item = letter.item
-    return {
+    record: dict[str, Any] = {}
+    if item.origin.get("token") is not None:
+        # A change event again: ``singleton dead-letters replay`` re-delivers it through
+        # handle_batch, which looks the document up (no fullDocument) under this event's version.
+        record["_id"] = item.origin["token"]
+    return record | {
         "operationType": item.origin.get("op", item.op),
-        "documentKey": {"_id": item.doc_id},
+        "documentKey": {"_id": _bson_key(item)},
         "clusterTime": item.origin.get("cluster_time"),
         "resumeToken": item.origin.get("token"),
         "sink": "elasticsearch",
         "action": item.op,
         "index": item.index,
+        "doc_id": item.doc_id,
         "version": item.version,
         "status": letter.status,
         "source": None if item.source is None else item.source.decode(),
@@ -42,9 +61,9 @@ def letter_record(letter: DeadLetter) -> dict[str, Any]:
 
 
 class EsDeadLetters:
-    """Adapts item-level dead letters to the event-level :class:`DeadLetterStore`."""
+    """Adapts item-level dead letters to an event-level store (``DeadLetterStore``)."""
 
-    def __init__(self, store: DeadLetterStore) -> None:
+    def __init__(self, store: DeadLetterSink) -> None:
         self.store = store
 
     def put(self, letters: Sequence[DeadLetter], ctx: ListenerContext) -> None:

@@ -1,13 +1,22 @@
 """How a MongoDB document becomes an Elasticsearch document: its ``_id``, its JSON source and its
 index name. The listener and the verifier (:mod:`.verify`) share these functions, so
 "the index equals the collection" is checked with exactly the mapping the listener applies.
+
+Ids: :mod:`.ids`. Non-finite numbers (``NaN``, ``Infinity``, ``-Infinity``, as a double or a
+Decimal128, at any depth) have no JSON form and Elasticsearch refuses them; replacing them with
+``null`` or a string would index something the collection does not hold. So a document that
+holds one is not indexed: :func:`source_of` raises :class:`NonFiniteNumberError` ("non-finite
+number at path a.b.2") and the listener dead-letters it with that reason, in the copy and in the
+stream alike. (Its previous version, if any, stays in the index until the document changes.)
 """
 
 from __future__ import annotations
 
 import base64
 import datetime
+import importlib
 import json
+import math
 import re
 import uuid
 from collections.abc import Callable, Mapping
@@ -21,7 +30,21 @@ from bson.int64 import Int64
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
+from listeners.elasticsearch.ids import MAX_ID_BYTES, UnindexableIdError, bson_id_of, doc_id
 from singleton.errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_INDEX_TEMPLATE",
+    "MAX_ID_BYTES",
+    "NonFiniteNumberError",
+    "Transform",
+    "UnindexableIdError",
+    "bson_id_of",
+    "doc_id",
+    "index_name",
+    "resolve_transform",
+    "source_of",
+]
 
 #: ``transform(doc) -> dict | None``: the document to index, or ``None`` to keep it out.
 Transform = Callable[[dict[str, Any]], "dict[str, Any] | None"]
@@ -29,6 +52,16 @@ Transform = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 DEFAULT_INDEX_TEMPLATE = "{database}.{collection}"
 _INVALID = re.compile(r'[\\/*?"<>| ,#:A-Z]')
 _MAX_INDEX_BYTES = 255
+
+
+def resolve_transform(spec: Any) -> Any:
+    """``"pkg.mod:attr"`` (from a TOML file) to the object; callables pass through."""
+    if spec is None or callable(spec):
+        return spec
+    module, _, attr = str(spec).partition(":")
+    if not attr:
+        raise ConfigurationError(f"transform must be a callable or 'module:function', got {spec!r}")
+    return getattr(importlib.import_module(module), attr)
 
 
 def index_name(template: str, database: str, collection: str) -> str:
@@ -50,19 +83,6 @@ def index_name(template: str, database: str, collection: str) -> str:
     return name
 
 
-def doc_id(value: Any) -> str:
-    """The Elasticsearch ``_id`` of a MongoDB ``_id``: strings as they are, ObjectIds as hex,
-    integers in decimal, anything else as canonical extended JSON. (A string ``"1"`` and the
-    integer ``1`` therefore share an ``_id``; collections that mix both are not supported.)"""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, ObjectId):
-        return str(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(int(value))
-    return json_util.dumps(value, json_options=json_util.CANONICAL_JSON_OPTIONS, sort_keys=True)
-
-
 def _default(value: Any) -> Any:
     if isinstance(value, ObjectId):
         return str(value)
@@ -71,6 +91,8 @@ def _default(value: Any) -> Any:
             value = value.replace(tzinfo=datetime.timezone.utc)
         return value.isoformat().replace("+00:00", "Z")
     if isinstance(value, Decimal128):
+        if not value.to_decimal().is_finite():
+            raise _NonFinite
         return str(value.to_decimal())
     if isinstance(value, Decimal):
         return str(value)
@@ -89,20 +111,55 @@ def _default(value: Any) -> Any:
     return json.loads(json_util.dumps(value))
 
 
-def _clean(value: Any) -> Any:
-    # Int64 is an int subclass json handles; float NaN/inf are not valid JSON for Elasticsearch.
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+class NonFiniteNumberError(ValueError):
+    """A document holds NaN or an infinity (see the module docstring)."""
+
+
+class _NonFinite(ValueError):
+    """Raised inside ``json.dumps`` by :func:`_default`; :func:`_non_finite_path` names where."""
+
+
+def _is_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, Decimal128):
+        return not value.to_decimal().is_finite()
+    if isinstance(value, Decimal):
+        return not value.is_finite()
+    return False
+
+
+def _non_finite_path(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first non-finite number in ``value`` (list items by index)."""
+    if _is_non_finite(value):
+        return path or "(top)"
+    if isinstance(value, Mapping):
+        children: Any = ((str(k), v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        children = ((str(i), v) for i, v in enumerate(value))
+    else:
         return None
-    if isinstance(value, Int64):
-        return int(value)
-    return value
+    for key, child in children:
+        found = _non_finite_path(child, f"{path}.{key}" if path else key)
+        if found is not None:
+            return found
+    return None
 
 
 def source_of(doc: Mapping[str, Any], transform: Transform | None = None) -> bytes | None:
     """The JSON source to index for ``doc`` (``_id`` removed: it is metadata in Elasticsearch),
-    or ``None`` when ``transform`` drops the document."""
+    or ``None`` when ``transform`` drops the document. Raises :class:`NonFiniteNumberError`
+    for NaN or an infinity anywhere in it, ``ValueError`` / ``TypeError`` for other values
+    that have no JSON form."""
     body: Mapping[str, Any] | None = transform(dict(doc)) if transform is not None else doc
     if body is None:
         return None
-    clean = {k: _clean(v) for k, v in body.items() if k != "_id"}
-    return json.dumps(clean, default=_default, separators=(",", ":"), allow_nan=False).encode()
+    clean = {k: int(v) if isinstance(v, Int64) else v for k, v in body.items() if k != "_id"}
+    try:
+        return json.dumps(clean, default=_default, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError as exc:
+        # Walk only on failure: the common document pays for one json.dumps, nothing more.
+        path = _non_finite_path(clean)
+        if path is None:
+            raise
+        raise NonFiniteNumberError(f"non-finite number at path {path}") from exc

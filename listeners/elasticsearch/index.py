@@ -1,21 +1,37 @@
-"""The index a listener writes to: created with the user's settings and mappings and a raised
-``index.gc_deletes`` (why and how much: :mod:`.sync`), raised on an existing index whose setting
-is lower, and deleted when its collection is dropped and the listener says so.
+"""The indexes a listener writes to, behind one alias.
 
-Another leader may drop or recreate the index while this one is not leading, so what was checked
-is forgotten at the start of every tenure (:meth:`IndexKeeper.forget`).
+The name users query (``index``, say ``shop.orders``) is an **alias** over one physical index
+named ``<alias>-<cluster seconds>`` (``-<n>`` added when that name is taken). Writes go through
+the alias. An initial sync or a resync fills a *fresh* physical index (:meth:`IndexKeeper.fresh`),
+and :meth:`IndexKeeper.swap` then moves the alias onto it in one atomic ``_aliases`` call
+(remove + add) and drops the physical indexes it leaves: readers see the old index until that
+call and the new one from then on, and a document deleted while nothing was streaming cannot
+survive a resync.
+
+Adoption: a plain index named like the alias (written by an earlier version of this listener) is
+used as it is until the next initial sync or resync, whose ``_aliases`` call removes it
+(``remove_index``) and adds the alias in the same atomic request. Until then, writes go to it.
+
+Every physical index is created with the user's settings and mappings and a raised
+``index.gc_deletes`` (why and how much: :mod:`.sync`); an existing one whose setting is lower is
+raised. Another leader may drop or recreate indexes while this one is not leading, so what was
+checked is forgotten at the start of every tenure (:meth:`IndexKeeper.forget`).
+
+Errors: a failed request raises :func:`.transport.request_error` (429 / 5xx transient, other
+statuses permanent), except a 404 from ``_aliases``, which means the aliases changed under us
+(another leader): transient, the runner retries.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from bson import json_util
 
-from listeners.elasticsearch.transport import Transport, error_text, path_index
-from singleton.errors import SinkError
+from listeners.elasticsearch.transport import Transport, error_text, path_index, request_error
+from singleton.errors import SinkUnavailableError
 
 if TYPE_CHECKING:
     from listeners.base import ListenerContext
@@ -24,6 +40,9 @@ if TYPE_CHECKING:
 DEFAULT_GC_DELETES = 60.0
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 0.001}
+_MAX_INDEX_BYTES = 255
+#: ``seconds(ctx)``: the cluster time in seconds, for physical index names.
+Seconds = Callable[["ListenerContext"], int]
 
 
 def parse_duration(value: Any) -> float | None:
@@ -32,19 +51,35 @@ def parse_duration(value: Any) -> float | None:
     return None if match is None else float(match.group(1)) * _UNITS[match.group(2)]
 
 
+def physical_name(alias: str, seconds: int, n: int = 0) -> str:
+    """``<alias>-<seconds>`` (``-<n>`` appended for n > 0), the alias cut to fit 255 bytes."""
+    suffix = f"-{seconds}" + (f"-{n}" if n else "")
+    head = alias
+    while len((head + suffix).encode()) > _MAX_INDEX_BYTES:
+        head = head[:-1]
+    return head + suffix
+
+
+def is_physical_of(alias: str, name: str) -> bool:
+    """Whether ``name`` has the form :func:`physical_name` gives for ``alias``."""
+    return re.fullmatch(re.escape(alias) + r"-\d+(-\d+)?", name) is not None
+
+
 class IndexKeeper:
-    """Makes sure each index exists with ``gc_deletes`` seconds or more, once per tenure."""
+    """Keeps the alias, its physical index and their ``gc_deletes``; see the module docstring."""
 
     def __init__(
         self,
         transport: Transport,
         *,
         gc_deletes: int,
+        seconds: Seconds,
         settings: Mapping[str, Any] | None = None,
         mappings: Mapping[str, Any] | None = None,
     ) -> None:
         self.transport = transport
         self.gc_deletes = gc_deletes
+        self.seconds = seconds
         self.settings = dict(settings or {})
         self.mappings = dict(mappings or {})
         self._ready: set[str] = set()
@@ -52,36 +87,127 @@ class IndexKeeper:
     def forget(self) -> None:
         self._ready.clear()
 
+    # -- what the stream writes to -----------------------------------------------------------
     def ensure(self, name: str, ctx: ListenerContext) -> None:
-        """Create ``name`` if missing (user settings and mappings, raised ``gc_deletes``), or
-        raise ``gc_deletes`` on an existing index whose setting is lower."""
+        """Make ``name`` writable once per tenure: an alias (its indexes' ``gc_deletes``
+        raised), a plain index of an earlier version (likewise), or, if neither exists, a new
+        physical index created together with the alias ``name`` in one request."""
         if name in self._ready:
             return
         ctx.check()
+        targets = self.targets(name)
+        if targets:
+            for target in targets:
+                self._raise_gc_deletes(target, ctx)
+        elif self.exists(name):
+            self._raise_gc_deletes(name, ctx)
+        else:
+            self.fresh(name, ctx, with_alias=True)
+        self._ready.add(name)
+
+    def targets(self, alias: str) -> list[str]:
+        """The physical indexes ``alias`` points to (none: no such alias)."""
+        status, resp = self._request("GET", "_alias", f"/{path_index(alias)}")
+        if status == 404:
+            return []
+        if status != 200 or not isinstance(resp, dict):
+            raise request_error(status, resp, f"cannot read alias {alias}")
+        return sorted(resp)
+
+    def exists(self, name: str) -> bool:
+        status, resp = self._request("GET", name, "/_settings")
+        if status == 404:
+            return False
+        if status != 200:
+            raise request_error(status, resp, f"cannot read index {name}")
+        return True
+
+    # -- rebuilding -------------------------------------------------------------------------------
+    def fresh(self, alias: str, ctx: ListenerContext, *, with_alias: bool = False) -> str:
+        """Create a new, empty physical index for ``alias`` and return its name; with
+        ``with_alias`` the alias is created with it (nothing pointed to it before)."""
+        seconds = self.seconds(ctx)
         gc = f"{self.gc_deletes}s"
         body: dict[str, Any] = {"settings": {**self.settings, "index.gc_deletes": gc}}
         if self.mappings:
             body["mappings"] = self.mappings
-        status, resp = self._request("PUT", name, "", body)
-        if status == 200:
-            ctx.logger.info("elasticsearch: created index {} (gc_deletes {})", name, gc)
-        elif status == 400 and "already_exists" in error_text(resp):
-            self._raise_gc_deletes(name, ctx)
-        else:
-            raise SinkError(f"cannot create index {name}: HTTP {status} {error_text(resp)}")
-        self._ready.add(name)
+        if with_alias:
+            body["aliases"] = {alias: {}}
+        for n in range(100):
+            name = physical_name(alias, seconds, n)
+            ctx.check()
+            status, resp = self._request("PUT", name, "", body)
+            if status == 200:
+                ctx.logger.info(
+                    "elasticsearch: created index {}{} (gc_deletes {})",
+                    name,
+                    f" behind alias {alias}" if with_alias else "",
+                    gc,
+                )
+                self._ready.add(name)
+                return name
+            if not (status == 400 and "already_exists" in error_text(resp)):
+                raise request_error(status, resp, f"cannot create index {name}")
+        raise SinkUnavailableError(f"no free physical index name for {alias} at {seconds} s")
+
+    def swap(self, alias: str, target: str, ctx: ListenerContext) -> None:
+        """Point ``alias`` at ``target`` alone in one atomic ``_aliases`` request (removing a
+        plain index named ``alias`` in the same request), then drop the indexes it left."""
+        ctx.check()
+        current = self.targets(alias)
+        old = [t for t in current if t != target]
+        actions: list[dict[str, Any]] = [{"remove": {"index": o, "alias": alias}} for o in old]
+        plain = not current and self.exists(alias)
+        if plain:
+            actions.append({"remove_index": {"index": alias}})
+        actions.append({"add": {"index": target, "alias": alias}})
+        ctx.check()
+        data = json_util.dumps({"actions": actions}).encode()
+        status, resp = self.transport.request("POST", "/_aliases", data)
+        if status == 404:
+            raise SinkUnavailableError(f"aliases of {alias} changed meanwhile: {error_text(resp)}")
+        if status != 200:
+            raise request_error(status, resp, f"cannot move alias {alias} to {target}")
+        ctx.logger.info(
+            "elasticsearch: alias {} now on {} (was on {})",
+            alias,
+            target,
+            ", ".join(old) or ("the plain index " + alias if plain else "nothing"),
+        )
+        self._ready.discard(alias)
+        for name in sorted(set(old) | set(self._leftovers(alias, target))):
+            self.delete(name, ctx)
+
+    def _leftovers(self, alias: str, target: str) -> list[str]:
+        """Physical indexes of ``alias`` that it does not point to: copies a crashed or
+        deposed leader never finished."""
+        status, resp = self._request("GET", f"{alias}-*", "/_alias")
+        if status != 200 or not isinstance(resp, dict):
+            return []
+        return [
+            name
+            for name, info in resp.items()
+            if name != target
+            and is_physical_of(alias, name)
+            and alias not in ((info or {}).get("aliases") or {})
+        ]
 
     def delete(self, name: str, ctx: ListenerContext) -> None:
+        """Delete ``name``: the indexes behind it if it is an alias (the alias goes with them),
+        else the index itself."""
         ctx.check()
-        status, resp = self._request("DELETE", name)
-        if status not in (200, 404):
-            raise SinkError(f"cannot delete index {name}: HTTP {status} {error_text(resp)}")
+        for index in self.targets(name) or [name]:
+            status, resp = self._request("DELETE", index)
+            if status not in (200, 404):
+                raise request_error(status, resp, f"cannot delete index {index}")
+            ctx.logger.info("elasticsearch: deleted index {}", index)
+            self._ready.discard(index)
         self._ready.discard(name)
 
     def _raise_gc_deletes(self, name: str, ctx: ListenerContext) -> None:
         status, resp = self._request("GET", name, "/_settings")
         if status != 200 or not isinstance(resp, dict):
-            raise SinkError(f"cannot read settings of {name}: HTTP {status} {error_text(resp)}")
+            raise request_error(status, resp, f"cannot read settings of {name}")
         current = None
         for idx in resp.values():
             current = parse_duration(idx.get("settings", {}).get("index", {}).get("gc_deletes"))
@@ -93,7 +219,7 @@ class IndexKeeper:
         body = {"index": {"gc_deletes": f"{self.gc_deletes}s"}}
         status, resp = self._request("PUT", name, "/_settings", body)
         if status != 200:
-            raise SinkError(f"cannot raise gc_deletes on {name}: HTTP {status}")
+            raise request_error(status, resp, f"cannot raise gc_deletes on {name}")
         ctx.logger.info(
             "elasticsearch: raised gc_deletes of {} from {} s to {} s",
             name,
@@ -105,4 +231,10 @@ class IndexKeeper:
         self, method: str, name: str, suffix: str = "", body: Any = None
     ) -> tuple[int, Any]:
         data = None if body is None else json_util.dumps(body).encode()
-        return self.transport.request(method, f"/{path_index(name)}{suffix}", data)
+        if name.startswith("_"):
+            path = name
+        elif name.endswith("*"):
+            path = path_index(name[:-1]) + "*"
+        else:
+            path = path_index(name)
+        return self.transport.request(method, f"/{path}{suffix}", data)

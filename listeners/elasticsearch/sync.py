@@ -18,6 +18,16 @@ last renewal, before a successor can be elected); ``request_timeout`` bounds a r
 sent just before that. The safety factor covers clock-rate drift and slow servers. A process that
 is frozen *between* ``ctx.check()`` and the send for longer than ``gc_deletes`` is not covered.
 
+Resync. The index name users query is an alias (:mod:`.index`): an initial sync or a resync copies
+into a fresh physical index, replays what happened since the copy began, then moves the alias in
+one atomic ``_aliases`` call and drops the old index, so nothing deleted meanwhile survives.
+``on_history_lost`` is therefore ``"resync"`` by default: a mirror can always be rebuilt.
+
+What is never indexed goes to the dead letters with its reason, in the copy and in the stream
+alike, and the sync goes on: an ``_id`` over 512 bytes (:mod:`.ids`), a non-finite number
+(:mod:`.documents`), a document Elasticsearch refuses (:mod:`.bulk`). A sink that is down or
+refuses every request is never a dead letter (:mod:`.bulk`).
+
 Options arrive as keyword arguments (``singleton.toml`` ``[[listeners]]`` tables)::
 
     ElasticsearchSync(database="shop", collection="orders", es="https://es:9200",
@@ -27,21 +37,28 @@ Options arrive as keyword arguments (``singleton.toml`` ``[[listeners]]`` tables
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext
 from listeners.deadletter import DeadLetterStore
+from listeners.elasticsearch import fragments
 from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkStats, BulkWriter, DeadLetter
 from listeners.elasticsearch.copy import InitialCopy
 from listeners.elasticsearch.deadletters import EsDeadLetters
-from listeners.elasticsearch.documents import DEFAULT_INDEX_TEMPLATE, Transform, doc_id, source_of
+from listeners.elasticsearch.documents import (
+    DEFAULT_INDEX_TEMPLATE,
+    Transform,
+    doc_id,
+    resolve_transform,
+    source_of,
+)
 from listeners.elasticsearch.documents import index_name as make_index_name
 from listeners.elasticsearch.index import IndexKeeper
-from listeners.elasticsearch.transport import Transport, make_transport
+from listeners.elasticsearch.transport import Transport, describe, make_transport
 from listeners.elasticsearch.versioning import EventVersioner, first_seq_at
+from listeners.streams import token_time
 from singleton import mongo
 from singleton.errors import ConfigurationError
 from singleton.retry import Backoff
@@ -53,16 +70,6 @@ _DROPS = frozenset({"drop", "dropDatabase", "rename"})
 _COPIED = {"op": "initial_sync"}
 _POSITIVE_INTEGERS = ("bulk_actions", "bulk_bytes", "concurrency", "copy_batch_size")
 _POSITIVE_NUMBERS = ("request_timeout", "ttl", "gc_safety_factor", "retry_timeout")
-
-
-def _resolve(spec: Any) -> Any:
-    """``"pkg.mod:attr"`` (from a TOML file) to the object; callables pass through."""
-    if spec is None or callable(spec):
-        return spec
-    module, _, attr = str(spec).partition(":")
-    if not attr:
-        raise ConfigurationError(f"transform must be a callable or 'module:function', got {spec!r}")
-    return getattr(importlib.import_module(module), attr)
 
 
 class ElasticsearchSync(ChangeStreamListener):
@@ -77,6 +84,9 @@ class ElasticsearchSync(ChangeStreamListener):
     ca_certs: str | None = None
     client_cert: str | None = None
     client_key: str | None = None
+    #: Names the cluster in checkpoints instead of the node addresses: set the same one on
+    #: every replica when they reach one cluster by different addresses (proxies, sidecars).
+    sink_name: str | None = None
     #: gzip request bodies (bulk requests compress well; costs CPU here).
     http_compress: bool = False
     request_timeout: float = 30.0
@@ -100,15 +110,22 @@ class ElasticsearchSync(ChangeStreamListener):
     #: The lease TTL and a safety factor, for ``gc_deletes`` (see the module docstring).
     ttl: float = 15.0
     gc_safety_factor: float = 4.0
-    #: A :class:`~listeners.deadletter.DeadLetterStore` (default: ``singleton.dead_letters`` on
-    #: the listener's client), or anything with ``put(letters, ctx)``.
+    #: A :class:`~listeners.deadletter.DeadLetterStore` (default: the runner's,
+    #: ``ctx.dead_letters``, else ``singleton.dead_letters`` on the listener's client), or
+    #: anything with ``put(letters, ctx)``.
     dead_letters: Any = None
     copy_batch_size: int = 2000
+    #: End the pipeline with ``$changeStreamSplitLargeEvent`` where the server supports it
+    #: (MongoDB 7.0+), so that events over 16 MB arrive in fragments (:mod:`.fragments`).
+    split_large_events: bool = True
+    #: A mirror can always be rebuilt: a lost checkpoint means a resync (see the docstring).
+    on_history_lost = "resync"
 
     extra_options: ClassVar[frozenset[str]] = (
         frozenset({"es", "api_key", "basic_auth", "ca_certs", "client_cert", "client_key"})
         | {"http_compress", "request_timeout", "index", "transform", "mappings", "settings"}
         | {"on_drop", "ttl", "gc_safety_factor", "dead_letters", "copy_batch_size"}
+        | {"split_large_events", "sink_name"}
         | {f.name for f in dataclasses.fields(BulkLimits)}  # the bulk writer's options
     )
 
@@ -155,7 +172,7 @@ class ElasticsearchSync(ChangeStreamListener):
             Backoff(self.backoff_base, self.backoff_max)
         except ConfigurationError as exc:
             raise ConfigurationError(f"{cls}.backoff_base / backoff_max: {exc}") from exc
-        self.transform = _resolve(self.transform)
+        self.transform = resolve_transform(self.transform)
         self._index_name = make_index_name(self.index, str(self.database), str(self.collection))
 
     # -- resources ------------------------------------------------------------------------------
@@ -167,6 +184,11 @@ class ElasticsearchSync(ChangeStreamListener):
     @property
     def index_name(self) -> str:
         return self._index_name
+
+    def sink_identity(self) -> str:
+        """``elasticsearch <nodes>/<index>``, e.g. ``elasticsearch http://es:9200/shop.orders``
+        (addresses without credentials), or ``elasticsearch <sink_name>/<index>``."""
+        return f"elasticsearch {self.sink_name or describe(self.es)}/{self._index_name}"
 
     @property
     def stats(self) -> BulkStats:
@@ -199,6 +221,7 @@ class ElasticsearchSync(ChangeStreamListener):
             self._index = IndexKeeper(
                 transport,
                 gc_deletes=self.gc_deletes_seconds,
+                seconds=lambda c: mongo.cluster_time(c.client).time,
                 settings=self.settings,
                 mappings=self.mappings,
             )
@@ -206,15 +229,18 @@ class ElasticsearchSync(ChangeStreamListener):
         self._versioner = self._versioner or EventVersioner(lambda ts: first_seq_at(client, ts))
         if self._dead_store is None:
             store = self.dead_letters
-            if store is None:
-                store = DeadLetterStore(client)
-            self._dead_store = EsDeadLetters(store) if isinstance(store, DeadLetterStore) else store
+            if store is None or isinstance(store, DeadLetterStore):
+                # event-level stores get one record per item
+                store = EsDeadLetters(store or ctx.dead_letters or DeadLetterStore(client))
+            self._dead_store = store
         return self._writer, self._index
 
+    def _ctx_or_fail(self) -> ListenerContext:
+        assert self._ctx is not None, "used before _setup"
+        return self._ctx
+
     def _dead(self, letters: list[DeadLetter]) -> None:
-        ctx = self._ctx
-        assert ctx is not None
-        self._dead_store.put(letters, ctx)
+        self._dead_store.put(letters, self._ctx_or_fail())
 
     def close(self) -> None:
         """Release what this listener created (never a client it was given)."""
@@ -227,6 +253,13 @@ class ElasticsearchSync(ChangeStreamListener):
     def on_start(self, ctx: ListenerContext) -> None:
         _, index = self._setup(ctx)
         index.forget()  # another leader may have dropped or recreated the index meanwhile
+        if self.split_large_events:
+            stages = fragments.with_split(self.pipeline, self._collection(ctx), ctx.logger)
+            self.split_large_events = stages is not None  # detected once per listener
+            self.pipeline = stages or self.pipeline
+
+    def _collection(self, ctx: ListenerContext) -> Any:
+        return ctx.client[str(self.database)][str(self.collection)]
 
     def ensure_index(self, name: str, ctx: ListenerContext) -> None:
         """Create ``name`` if missing, or raise its ``gc_deletes`` (see :mod:`.index`)."""
@@ -234,83 +267,134 @@ class ElasticsearchSync(ChangeStreamListener):
 
     # -- streaming --------------------------------------------------------------------------------
     def _item(
-        self, doc: Mapping[str, Any], key: Any, version: int, origin: dict[str, Any]
+        self, doc: Mapping[str, Any], key: Any, version: int, origin: dict[str, Any], index: str
     ) -> BulkItem | None:
-        """The bulk action that makes the index hold ``doc`` (a delete if ``transform`` drops
-        it) at ``version``; ``None`` for a document that cannot be serialized (dead-lettered)."""
+        """The bulk action that makes ``index`` hold ``doc`` (a delete if ``transform`` drops
+        it) at ``version``; ``None`` for a document that cannot be indexed (dead-lettered)."""
         try:
+            es_id = doc_id(key)
             source = source_of(doc, self.transform)  # type: ignore[arg-type]
-            op = "delete" if source is None else "index"
-            return BulkItem(op, self._index_name, doc_id(key), version, source, origin)
         except (ValueError, TypeError) as exc:
-            bad = BulkItem("index", self._index_name, doc_id(key), version, None, origin)
-            self._dead([DeadLetter(bad, 0, f"cannot serialize: {exc}")])
+            self._reject("index", key, version, origin, index, exc)
             return None
+        return BulkItem(
+            "delete" if source is None else "index", index, es_id, version, source, origin
+        )
 
-    def _event_item(self, event: ChangeEvent, versioner: EventVersioner) -> BulkItem | None:
+    def _reject(
+        self, op: str, key: Any, version: int, origin: dict[str, Any], index: str, exc: Exception
+    ) -> None:
+        """Dead-letter what cannot be indexed (an id too long, a non-finite number...)."""
+        try:
+            es_id = doc_id(key)
+        except ValueError:
+            es_id = repr(key)[:200]
+        bad = BulkItem(op, index, es_id, version, None, {**origin, "key": key})
+        self._dead([DeadLetter(bad, 0, f"cannot index: {exc}")])
+
+    def _event_item(
+        self, event: ChangeEvent, versioner: EventVersioner, index: str
+    ) -> BulkItem | None:
+        if "documentKey" not in event:
+            return None  # a fragment: the one with the key is handled in its own batch
         key = event["documentKey"]["_id"]
-        op = event["operationType"]
+        if "clusterTime" not in event:  # a fragment of a split event: the token has it
+            event = {**event, "clusterTime": token_time(event.get("_id"))}
+        op = event.get("operationType")
         origin = {"op": op, "token": event.get("_id"), "cluster_time": mongo.event_time(event)}
         version = versioner.version(event)
+        if fragments.needs_lookup(event):
+            # The document as it is now, as updateLookup would give it (see .fragments).
+            found = self._collection(self._ctx_or_fail()).find_one({"_id": key})
+            if found is not None:
+                return self._item(found, key, version, origin, index)
+            op = "delete"
         if op == "delete":
-            return BulkItem("delete", self._index_name, doc_id(key), version, None, origin)
+            try:
+                return BulkItem("delete", index, doc_id(key), version, None, origin)
+            except ValueError as exc:
+                self._reject("delete", key, version, origin, index, exc)
+                return None
         doc = event.get("fullDocument")
         if doc is None:
             return None  # looked up after a later delete: that delete follows
-        return self._item(doc, key, version, origin)
+        return self._item(doc, key, version, origin, index)
 
     def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
         """Apply ``events``; returns once each write succeeded, was already superseded (409) or
         was dead-lettered. Within a batch only the last write per document is sent: the later
         version would supersede the earlier ones anyway."""
+        self._apply(events, ctx, self._index_name)
+
+    def _apply(self, events: Sequence[ChangeEvent], ctx: ListenerContext, index_name: str) -> None:
+        """:meth:`handle_batch` into ``index_name`` (the alias, or an index being rebuilt)."""
         writer, index = self._setup(ctx)
         versioner = self._versioner
         assert versioner is not None
         pending: dict[str, BulkItem] = {}
-        for event in events:
+        for event in fragments.join(events):
             op = event.get("operationType")
-            if op in _WRITES:
-                item = self._event_item(event, versioner)
+            if op in _WRITES or fragments.needs_lookup(event):
+                item = self._event_item(event, versioner, index_name)
                 if item is not None:
                     pending[item.doc_id] = item
             elif op in _DROPS:
-                self._send(list(pending.values()), ctx, writer, index)
+                self._send(list(pending.values()), ctx, writer, index, index_name)
                 pending.clear()
-                self._dropped(event, ctx, index)
-        self._send(list(pending.values()), ctx, writer, index)
+                self._dropped(event, ctx, index, index_name)
+        self._send(list(pending.values()), ctx, writer, index, index_name)
 
     def _send(
-        self, items: list[BulkItem], ctx: ListenerContext, writer: BulkWriter, index: IndexKeeper
+        self,
+        items: list[BulkItem],
+        ctx: ListenerContext,
+        writer: BulkWriter,
+        index: IndexKeeper,
+        name: str,
     ) -> None:
         if not items:
             return
-        index.ensure(self._index_name, ctx)
+        index.ensure(name, ctx)
         session = writer.session(ctx.check, ctx.leadership.wait_lost)
         for item in items:
             session.add(item)
         session.finish()
 
-    def _dropped(self, event: ChangeEvent, ctx: ListenerContext, index: IndexKeeper) -> None:
+    def _dropped(
+        self, event: ChangeEvent, ctx: ListenerContext, index: IndexKeeper, name: str
+    ) -> None:
         ctx.logger.info(
             "elasticsearch: {} of {} seen; on_drop={} for index {}",
             event.get("operationType"),
             event.get("ns"),
             self.on_drop,
-            self._index_name,
+            name,
         )
         if self.on_drop == "delete_index":
-            index.delete(self._index_name, ctx)
+            index.delete(name, ctx)
 
     # -- initial sync ---------------------------------------------------------------------------
     def initial_sync(self, ctx: ListenerContext) -> None:
-        """Copy the collection in ``_id`` order, resumably (see :mod:`.copy`)."""
+        """Copy the collection into a fresh physical index (resumably, see :mod:`.copy`),
+        replay what happened since the copy began, then move the alias onto it atomically and
+        drop the old index (see :mod:`.index`). Used for the first sync and every resync."""
         writer, index = self._setup(ctx)
-        index.ensure(self._index_name, ctx)
+        alias = self._index_name
+        saved = ctx.load_progress() or {}
+        target = saved.get("target")
+        if not isinstance(target, str) or not index.exists(target):
+            if saved:
+                ctx.save_progress(None)  # a copy into an index that is gone, or pre-alias
+            target = index.fresh(alias, ctx)
+        ctx.logger.info("initial sync of {}: copying into {} (alias {})", self.name, target, alias)
         copy = InitialCopy(
             name=self.lease_name,
-            make_item=lambda doc, version: self._item(doc, doc["_id"], version, _COPIED),
-            replay=self.handle_batch,
+            make_item=lambda doc, version: self._item(doc, doc["_id"], version, _COPIED, target),
+            replay=lambda events, c: self._apply(events, c, target),
             batch_size=self.copy_batch_size,
             replay_batch=self.batch_size,
+            progress_extra={"target": target},
         )
-        copy.run(ctx, ctx.client[str(self.database)][str(self.collection)], writer)
+        copy.run(ctx, self._collection(ctx), writer)
+        index.swap(alias, target, ctx)
+        ctx.save_progress(None)

@@ -10,10 +10,11 @@ refuse (406), while every server this listener supports (Elasticsearch 7-9, Open
 plain JSON. A user's own ``elasticsearch.Elasticsearch`` client is used through its transport,
 below that rewrite, and is never closed here.
 
-Failure model: a request either gets an HTTP answer (any status is returned, the caller decides)
-or raises :class:`EsUnavailableError` within ``request_timeout``. The transport itself retries
-nothing but a connection refused by one node, on the next node of the pool: statuses and
-timeouts go back to the caller (the bulk writer), which retries with
+Failure model: a request either gets an HTTP answer (any status is returned, the caller
+decides; :func:`request_error` says what a failed status means) or raises
+:class:`EsUnavailableError` (a ``SinkUnavailableError``) within ``request_timeout``. The
+transport itself retries nothing but a connection refused by one node, on the next node of
+the pool: statuses and timeouts go back to the caller (the bulk writer), which retries with
 :class:`singleton.retry.Backoff` under the tenure's deadline. Credentials never appear in
 messages: a node is described as ``scheme://host:port``, built from the parsed URL.
 """
@@ -30,7 +31,7 @@ from urllib.parse import quote
 import elastic_transport
 from elastic_transport.client_utils import url_to_node_config
 
-from singleton.errors import ConfigurationError, SinkError
+from singleton.errors import ConfigurationError, SinkRejectedError, SinkUnavailableError
 from singleton.redact import redact
 
 JSON = "application/json"
@@ -39,8 +40,23 @@ _JSON_HEADERS = {"accept": JSON, "content-type": JSON}
 _NDJSON_HEADERS = {"accept": JSON, "content-type": NDJSON}
 
 
-class EsUnavailableError(SinkError):
+#: Statuses of a whole request (or one bulk item) that say "not now": overload, gateway
+#: trouble, unavailable shards. Retried; never a dead letter.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class EsUnavailableError(SinkUnavailableError):
     """Elasticsearch could not be reached or did not answer in time (transient)."""
+
+
+def request_error(status: int, body: Any, what: str) -> SinkUnavailableError | SinkRejectedError:
+    """The error for a whole request that failed with ``status``: :class:`SinkUnavailableError`
+    for 429 and 5xx (the runner retries it), :class:`SinkRejectedError` for anything else
+    (401, 403, a 400 about the request itself: retrying cannot help, the tenure fails)."""
+    message = f"{what}: HTTP {status} {error_text(body)}"
+    if status in RETRY_STATUSES or status >= 500:
+        return SinkUnavailableError(message)
+    return SinkRejectedError(message)
 
 
 class Transport(Protocol):
@@ -137,7 +153,20 @@ class EsTransport:
 
 
 def _describe(configs: Sequence[elastic_transport.NodeConfig]) -> str:
-    return ",".join(f"{c.scheme}://{c.host}:{c.port}" for c in configs)
+    return ",".join(f"{c.scheme}://{c.host}:{c.port}{c.path_prefix}" for c in configs)
+
+
+def describe(es: Any) -> str:
+    """``scheme://host:port`` of each node of ``es`` (URLs, a client or a transport), without
+    credentials and without connecting: what :meth:`ElasticsearchSync.sink_identity` names."""
+    if isinstance(es, str):
+        es = [u for u in es.split(",") if u.strip()]
+    if isinstance(es, Sequence) and all(isinstance(u, str) for u in es):
+        return _describe([_node_config(str(u), {}) for u in es])
+    inner = getattr(es, "transport", None)
+    if isinstance(inner, elastic_transport.Transport):
+        return _describe([n.config for n in inner.node_pool.all()]) or "elasticsearch client"
+    return str(getattr(es, "description", type(es).__name__))
 
 
 def _auth_header(

@@ -19,11 +19,14 @@ from singleton.errors import SinkError
 @dataclass
 class Diff:
     """Ids in the collection but not the index (``missing``), in both with other content
-    (``stale``), in the index only (``extra``)."""
+    (``stale``), in the index only (``extra``); ``unindexable`` documents (an id over 512
+    bytes, a non-finite number: the listener dead-letters them) are listed apart, not errors.
+    Ids are Elasticsearch ids; :func:`.ids.bson_id_of` maps them back."""
 
     missing: list[str] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
+    unindexable: list[str] = field(default_factory=list)
     mongo_count: int = 0
     es_count: int = 0
 
@@ -75,8 +78,12 @@ def compare(collection: Any, es: Any, index: str, transform: Transform | None = 
     diff = Diff(es_count=len(actual))
     seen: set[str] = set()
     for doc in collection.find({}):
-        expected_raw = source_of(doc, transform)
-        key = doc_id(doc["_id"])
+        try:
+            key = doc_id(doc["_id"])
+            expected_raw = source_of(doc, transform)
+        except ValueError as exc:
+            diff.unindexable.append(f"{str(doc['_id'])[:80]}: {exc}")
+            continue
         if expected_raw is None:
             continue
         diff.mongo_count += 1

@@ -120,3 +120,13 @@ class BulkRejectingProxy:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+_FORBIDDEN_BODY = b'{"error":{"type":"security_exception","reason":"revoked"},"status":403}'
+#: What a TCP proxy (``tests.integration.proxy.TcpProxy.refuse``) answers for an Elasticsearch
+#: whose credentials were revoked: HTTP 403 to every request.
+FORBIDDEN = (
+    b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\n"
+    + f"Content-Length: {len(_FORBIDDEN_BODY)}\r\nConnection: close\r\n\r\n".encode()
+    + _FORBIDDEN_BODY
+)

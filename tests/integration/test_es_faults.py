@@ -46,8 +46,16 @@ def test_429_for_30_percent_of_items_loses_nothing_and_bad_documents_are_dead_le
     diff = compare(coll, es_url, listener.index_name)
     assert diff.missing == ["bad"], diff
     assert not diff.stale and not diff.extra, diff
-    letters = list(dead.dead_letters.find({"listener": listener.lease_name}))
+    letters = dead.letters(listener.lease_name)
     assert [d["event"]["documentKey"]["_id"] for d in letters] == ["bad"], letters
     assert letters[0]["event"]["status"] == 400
     assert "not a number" in letters[0]["event"]["source"]
     assert letters[0]["fencing_token"] == ctx.token
+
+    # Once the document is fixed, its dead letter replays through handle_batch (what
+    # `singleton dead-letters replay` does): the document is looked up and indexed.
+    coll.update_one({"_id": "bad"}, {"$set": {"n": 7}})
+    fixed = ElasticsearchSync(database=db, collection="docs", es=es_url, dead_letters=dead)
+    fixed.handle_batch([letters[0]["event"]], ctx)
+    fixed.close()
+    assert compare(coll, es_url, listener.index_name).ok

@@ -4,11 +4,13 @@ under a random workload, and a planned handover to a second replica in the middl
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import pymongo
 
 from listeners.checkpoint import MongoCheckpointStore
 from listeners.elasticsearch import ElasticsearchSync
+from listeners.elasticsearch.ids import doc_id
 from listeners.elasticsearch.transport import connect
 from listeners.elasticsearch.verify import compare
 from singleton.service.embedded import wait_until
@@ -36,7 +38,7 @@ def test_runner_initial_sync_streaming_and_handover(
     http = connect(es_url)
 
     def indexed(key: str) -> bool:
-        path = f"/{a_listener.index_name}/_doc/{key}?realtime=true"
+        path = f"/{a_listener.index_name}/_doc/{quote(doc_id(key), safe='')}?realtime=true"
         return http.request("GET", path)[0] == 200
 
     try:

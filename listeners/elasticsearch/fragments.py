@@ -1,0 +1,86 @@
+"""Change events over 16 MB: split fragments joined again, and events that arrive without their
+document (a fragment whose siblings were in another batch, or an event the runner had to read
+with its large fields projected away) completed by a lookup.
+
+MongoDB 7.0+ splits an event that would exceed 16 MB when the pipeline ends with
+``$changeStreamSplitLargeEvent``: consecutive fragments, each with ``splitEvent: {fragment, of}``
+and a resume token of its own, each holding some of the top-level fields (``fullDocument`` whole,
+in one of them). :func:`supports_split` detects the stage (SecantusDB and older servers refuse
+it) so that :meth:`ElasticsearchSync.on_start` appends it only where it works.
+
+A batch may end between two fragments, and the runner checkpoints after every batch, so the
+fragments of one event cannot always be joined. That is fine for a mirror: every event is versioned
+by its oplog position (all fragments of one event share it), and :func:`needs_lookup` events are
+indexed with the document as it is *now* (or deleted if it is gone), the same thing
+``fullDocument: updateLookup`` gives; a later event, with a greater version, always wins. A
+fragment without ``documentKey`` is skipped: the fragment that has it is handled in its own batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pymongo.errors import OperationFailure
+
+from listeners.base import ChangeEvent
+
+SPLIT_STAGE: dict[str, Any] = {"$changeStreamSplitLargeEvent": {}}
+#: Operation types whose index action needs the document.
+_NEEDS_DOCUMENT = frozenset({"insert", "replace", "update"})
+
+
+def supports_split(collection: Any) -> bool:
+    """Whether the server accepts ``$changeStreamSplitLargeEvent`` (opens and closes a stream)."""
+    try:
+        with collection.watch([SPLIT_STAGE], max_await_time_ms=1) as stream:
+            stream.try_next()
+    except OperationFailure:
+        return False
+    return True
+
+
+def with_split(pipeline: Sequence[Any], collection: Any, logger: Any) -> list[Any] | None:
+    """``pipeline`` ending with the split stage, or ``None`` if the server has no such stage."""
+    stages = list(pipeline)
+    if SPLIT_STAGE in stages:
+        return stages
+    if not supports_split(collection):
+        logger.info("elasticsearch: the server cannot split large change events (needs 7.0+)")
+        return None
+    return [*stages, SPLIT_STAGE]
+
+
+def join(events: Sequence[ChangeEvent]) -> list[ChangeEvent]:
+    """``events`` with the consecutive fragments of each split event merged into one (the last
+    fragment's resume token as ``_id``). Fragments whose siblings are not in ``events`` stay
+    partial; :func:`needs_lookup` tells which."""
+    out: list[ChangeEvent] = []
+    parts: dict[str, Any] = {}
+    for event in events:
+        split = event.get("splitEvent")
+        if not isinstance(split, Mapping):
+            if parts:
+                out.append(parts)
+                parts = {}
+            out.append(event)
+            continue
+        if split.get("fragment") == 1 and parts:
+            out.append(parts)
+            parts = {}
+        parts.update({k: v for k, v in event.items() if k != "splitEvent"})
+        parts["_id"] = event["_id"]
+        if split.get("fragment") == split.get("of"):
+            out.append(parts)
+            parts = {}
+    if parts:
+        out.append(parts)
+    return out
+
+
+def needs_lookup(event: ChangeEvent) -> bool:
+    """An event that names its document but does not carry it (as opposed to
+    ``fullDocument: None``, which means "deleted later, the delete follows")."""
+    op = event.get("operationType")
+    missing = "fullDocument" not in event
+    return "documentKey" in event and (op is None or (op in _NEEDS_DOCUMENT and missing))

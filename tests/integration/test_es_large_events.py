@@ -1,0 +1,44 @@
+"""Large events: the split stage is used only where the server has it, and events that arrive
+without their document (fragments cut by a batch, or read with large fields projected away)
+are completed by a lookup, so the index still equals the collection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pymongo
+
+from listeners.elasticsearch import ElasticsearchSync
+from listeners.elasticsearch.fragments import SPLIT_STAGE, supports_split
+from listeners.elasticsearch.verify import compare
+from singleton.mongo import cluster_time
+from tests.integration import es_support
+
+
+def test_split_stage_only_where_supported_and_documents_looked_up_when_missing(
+    client: pymongo.MongoClient[dict[str, Any]], es_url: str, unique: str
+) -> None:
+    db = f"es{unique}"
+    coll = client[db]["docs"]
+    listener = ElasticsearchSync(database=db, collection="docs", es=es_url)
+    ctx = es_support.Tenures(listener.lease_name).next(client)
+    listener.on_start(ctx)
+    supported = supports_split(coll)
+    assert (SPLIT_STAGE in listener.pipeline) is supported
+    assert listener.split_large_events is supported
+
+    start = cluster_time(client)
+    coll.insert_many([{"_id": i, "n": i} for i in range(5)])
+    coll.update_one({"_id": 1}, {"$set": {"n": 100}})
+    coll.delete_one({"_id": 3})
+    coll.replace_one({"_id": 4}, {"r": True})
+    es_support.put_marker(coll)
+    for batch in es_support.events_until_marker(coll, start):
+        # What the runner hands over after a BSONObjectTooLarge: the large fields projected away.
+        listener.handle_batch(
+            [{k: v for k, v in e.items() if k != "fullDocument"} for e in batch], ctx
+        )
+    diff = compare(coll, es_url, listener.index_name)
+    assert diff.ok, diff
+    assert diff.mongo_count == 4
+    listener.close()

@@ -1,0 +1,95 @@
+"""The bulk writer's error model on a scripted transport: whole-request failures are the sink's
+(transient or permanent, never a dead letter); only document-level item rejections are."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkWriter, DeadLetter
+from listeners.elasticsearch.transport import EsUnavailableError
+from singleton.errors import SinkRejectedError, SinkUnavailableError
+
+Answer = Callable[[list[dict[str, Any]]], tuple[int, Any]]
+
+
+class Scripted:
+    """Answers each bulk request with the next function of ``script`` (the last one repeats)."""
+
+    description = "http://scripted:9200"
+
+    def __init__(self, *script: Answer) -> None:
+        self.script = list(script)
+        self.requests = 0
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, *, ndjson: bool = False
+    ) -> tuple[int, Any]:
+        import json
+
+        lines = [json.loads(x) for x in (body or b"").splitlines()]
+        actions = [x for x in lines if "index" in x or "delete" in x]
+        answer = self.script[min(self.requests, len(self.script) - 1)]
+        self.requests += 1
+        return answer(actions)
+
+    def close(self) -> None:
+        pass
+
+
+def items(status: int, error: str = "") -> Answer:
+    def answer(actions: list[dict[str, Any]]) -> tuple[int, Any]:
+        result = {"status": status, "error": {"type": error, "reason": "r"}} if error else {}
+        return 200, {"items": [{"index": {"status": status, **result}} for _ in actions]}
+
+    return answer
+
+
+def whole(status: int) -> Answer:
+    return lambda actions: (status, {"error": {"type": "x", "reason": "y"}})
+
+
+def unreachable(actions: list[dict[str, Any]]) -> tuple[int, Any]:
+    raise EsUnavailableError("connection refused")
+
+
+def run(transport: Scripted, n: int = 3) -> list[DeadLetter]:
+    dead: list[DeadLetter] = []
+    limits = BulkLimits(100, 10**6, 1.0, 1, 0.001, 0.002, retry_timeout=0.05)
+    writer = BulkWriter(transport, limits, on_dead=dead.extend)
+    batch = [BulkItem("index", "i", str(k), 1, b"{}") for k in range(n)]
+    writer.send(batch, lambda: None, lambda seconds: False)
+    return dead
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 413])
+def test_a_refused_request_is_permanent_and_dead_letters_nothing(status: int) -> None:
+    with pytest.raises(SinkRejectedError, match=f"HTTP {status}"):
+        run(Scripted(whole(status)))
+
+
+@pytest.mark.parametrize("answer", [whole(429), whole(503), whole(500), unreachable, items(429)])
+def test_an_unavailable_sink_is_transient_after_the_retry_window(answer: Answer) -> None:
+    transport = Scripted(answer)
+    with pytest.raises(SinkUnavailableError):
+        run(transport)
+    assert transport.requests >= 2  # retried within the window first
+
+
+def test_transient_failures_are_retried_until_they_pass() -> None:
+    assert run(Scripted(unreachable, whole(503), items(429), items(201))) == []
+
+
+@pytest.mark.parametrize(
+    "item", [items(403, "security_exception"), items(404, "index_not_found_exception")]
+)
+def test_item_refusals_that_hold_for_every_document_fail_the_tenure(item: Answer) -> None:
+    with pytest.raises(SinkRejectedError):
+        run(Scripted(item))
+
+
+def test_only_document_rejections_are_dead_lettered() -> None:
+    dead = run(Scripted(items(400, "mapper_parsing_exception")))
+    assert [(d.item.doc_id, d.status) for d in dead] == [("0", 400), ("1", 400), ("2", 400)]
