@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bson import ObjectId
+
 
 def singleton_command(*args: str) -> list[str]:
     """argv for ``singleton ARGS...`` with this interpreter (works without the console script)."""
@@ -88,6 +90,20 @@ class ReplicaProcess:
             self.wait(5)
 
 
+def mixed_id(n: int) -> Any:
+    """The ``n``-th new document's ``_id``, of the kinds real collections hold: an int, the
+    *string* of the int before it (``5`` and ``"5"`` are two documents), an embedded document
+    (field order matters), an ObjectId."""
+    kind = n % 4
+    if kind == 0:
+        return n
+    if kind == 1:
+        return str(n - 1)
+    if kind == 2:
+        return {"n": n, "k": "doc"}
+    return ObjectId(n.to_bytes(12, "big"))
+
+
 @dataclass
 class Writer:
     """Inserts, updates, replaces and deletes (and, with ``txn_share`` > 0, multi-document
@@ -108,15 +124,15 @@ class Writer:
     transactions: int = 0
     stop_event: threading.Event = field(default_factory=threading.Event)
     #: every id a delete was attempted on (ids are never reused)
-    deleted: set[int] = field(default_factory=set)
+    deleted: list[Any] = field(default_factory=list)
     #: (monotonic time, cluster time as (t, i) or None) of each counted write
     log: list[tuple[float, tuple[int, int] | None]] = field(default_factory=list)
 
     def run(self) -> None:
         rng = random.Random(self.seed)
         next_at = time.monotonic()
-        live: list[int] = [d["_id"] for d in self.collection.find({}, {"_id": 1})]
-        next_id = max(live, default=0) + 1
+        live: list[Any] = [d["_id"] for d in self.collection.find({}, {"_id": 1})]
+        next_id = 10_000 + len(live)
         session = None if self.client is None else self.client.start_session()
         try:
             while not self.stop_event.is_set():
@@ -125,8 +141,9 @@ class Writer:
                     if self.txn_share and rng.random() < self.txn_share and len(live) >= 20:
                         next_id = self._transaction(session, rng, live, next_id)
                     elif roll < 0.45 or len(live) < 20:
-                        doc = {"_id": next_id, "sku": f"sku-{rng.randrange(500)}", "qty": 1, "v": 0}
-                        live.append(next_id)
+                        new_id = mixed_id(next_id)
+                        doc = {"_id": new_id, "sku": f"sku-{rng.randrange(500)}", "qty": 1, "v": 0}
+                        live.append(new_id)
                         next_id += 1
                         self.collection.insert_one(doc, session=session)
                     elif roll < 0.8:
@@ -141,7 +158,7 @@ class Writer:
                         )
                     else:
                         target = live.pop(rng.randrange(len(live)))
-                        self.deleted.add(target)
+                        self.deleted.append(target)
                         self.collection.delete_one({"_id": target}, session=session)
                     self.ops += 1
                     self.log.append((time.monotonic(), _op_time(session)))
@@ -153,24 +170,26 @@ class Writer:
             if session is not None:
                 session.end_session()
 
-    def _transaction(self, session: Any, rng: random.Random, live: list[int], next_id: int) -> int:
+    def _transaction(self, session: Any, rng: random.Random, live: list[Any], next_id: int) -> int:
         """One insert, one update and one delete, committed together (one cluster time)."""
         target = live[rng.randrange(len(live))]
         victim = live[rng.randrange(len(live))]
         while victim == target:
             victim = live[rng.randrange(len(live))]
-        self.deleted.add(victim)
+        self.deleted.append(victim)
         coll = self.collection
+        new_id = mixed_id(next_id)
         with session.start_transaction():
             coll.insert_one(
-                {"_id": next_id, "sku": "txn", "qty": 1, "v": 0, "pair": target}, session=session
+                {"_id": new_id, "sku": "txn", "qty": 1, "v": 0, "pair": str(target)},
+                session=session,
             )
             coll.update_one(
-                {"_id": target}, {"$inc": {"v": 1}, "$set": {"pair": next_id}}, session=session
+                {"_id": target}, {"$inc": {"v": 1}, "$set": {"pair": str(new_id)}}, session=session
             )
             coll.delete_one({"_id": victim}, session=session)
         live.remove(victim)
-        live.append(next_id)
+        live.append(new_id)
         self.transactions += 1
         return next_id + 1
 

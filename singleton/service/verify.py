@@ -124,8 +124,11 @@ def _repair(report: Report, collection: Any, transport: Any, version: int, trans
     meta = {"_index": report.index, "version": version, "version_type": "external"}
     actions: list[bytes] = []  # one bulk action each (action line, and source for an index)
     for doc in collection.find({}):
-        key = doc_id(doc["_id"])
-        source = source_of(doc, transform) if key in wanted else None
+        try:
+            key = doc_id(doc["_id"])
+            source = source_of(doc, transform) if key in wanted else None
+        except ValueError:  # unindexable id or non-finite number: a dead letter, not a repair
+            continue
         if source is not None:
             actions.append(json.dumps({"index": {**meta, "_id": key}}).encode() + b"\n" + source)
     actions += [json.dumps({"delete": {**meta, "_id": key}}).encode() for key in report.extra]

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from listeners.elasticsearch.documents import doc_id
 from singleton.errors import ConfigurationError
 from singleton.service.drill.faults import KINDS, FaultRecord, parse_kinds, plan
 from singleton.service.drill.verdict import (
@@ -86,5 +87,6 @@ def test_percentiles_and_resurrections() -> None:
     assert percentile([], 99) is None
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
     assert percentile(list(range(1, 101)), 99) == 99
-    _, _, resurrected, extra = split_extra([], [], ["4", "9"], {4})
-    assert resurrected == ["4"] and extra == ["9"]
+    four, nine, four_str = doc_id(4), doc_id(9), doc_id("4")
+    _, _, resurrected, extra = split_extra([], [], [four, nine, four_str], [4])
+    assert resurrected == [four] and extra == [nine, four_str]  # "4" is not 4

@@ -204,7 +204,7 @@ renew_deadline = {t.renew_deadline}
 retry_interval = {t.retry_interval}
 cooldown = {t.cooldown}
 
-{es_listener_toml(LEASE, DATABASE, COLLECTION, INDEX)}
+{es_listener_toml(LEASE, DATABASE, COLLECTION, INDEX, sink_name="drill")}
 {job_toml()}"""
         )
         self.config = load_config(path)

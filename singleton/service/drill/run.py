@@ -220,7 +220,14 @@ class Drill:
             )
         records = tail.records
         v.regressions = checkpoint_regressions(records, sampler.checkpoints)
-        v.violations = fencing_violations(records)
+        overlap = [
+            (f.at, f.end + self.opts.timings.renew_deadline)
+            for f in self.injected
+            if f.kind == "lease-wipe"
+        ]
+        found = fencing_violations(records, overlap)
+        v.violations = [x for x in found if not x["overlap"]]
+        v.overlap_writes = len(found) - len(v.violations)
         v.gaps = takeover_gaps(self.injected, records, end)
         v.lags = write_lag(writer.log, records)
         job = check_job(self.cluster.job_record, (f.kind for f in self.injected))
@@ -243,6 +250,7 @@ class Drill:
             "extra": len(v.extra),
             "checkpoint_regressions": len(v.regressions),
             "fencing_violations": len(v.violations),
+            "overlap_writes": v.overlap_writes,
             "stalls": len(v.stalls),
             "jobs": job.as_dict(),
             "gaps": v.gaps_by_kind(opts.kinds),

@@ -23,10 +23,11 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from listeners.elasticsearch.documents import doc_id
 from singleton.service.drill.faults import PLANNED, FaultRecord
 from singleton.service.drill.history import CheckpointSample
 
@@ -53,8 +54,15 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def fencing_violations(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Acknowledged writes of a token that began after a newer token had been elected."""
+def fencing_violations(
+    records: Sequence[dict[str, Any]], overlap: Sequence[tuple[float, float]] = ()
+) -> list[dict[str, Any]]:
+    """Acknowledged writes of a token that began after a newer token had been elected.
+
+    ``overlap`` lists the documented windows (monotonic ``(start, end)``) after the lease store
+    lost its data: there the old tenure may act until its next renewal is refused (at most its
+    renew deadline), and fencing (the checkpoint claim, external versions) makes that harmless.
+    Such writes are marked ``"overlap": True`` instead of being violations."""
     marks = sorted(
         (r["mono"], r["token"])
         for r in records
@@ -81,6 +89,7 @@ def fencing_violations(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]
                     "newer_token": newer,
                     "sent": r["sent"],
                     "acked": r["mono"],
+                    "overlap": any(a <= r["sent"] <= b for a, b in overlap),
                 }
             )
     return out
@@ -191,6 +200,8 @@ class Verdict:
     extra: list[str] = field(default_factory=list)
     regressions: list[dict[str, Any]] = field(default_factory=list)
     violations: list[dict[str, Any]] = field(default_factory=list)
+    #: writes of an old tenure inside the documented overlap after a lease-store wipe
+    overlap_writes: int = 0
     stalls: list[str] = field(default_factory=list)
     gaps: list[dict[str, Any]] = field(default_factory=list)
     lags: list[float] = field(default_factory=list)
@@ -238,10 +249,11 @@ class Verdict:
 
 
 def split_extra(
-    missing: list[str], stale: list[str], extra: list[str], deleted: set[int]
+    missing: list[str], stale: list[str], extra: list[str], deleted: Iterable[Any]
 ) -> tuple[list[str], list[str], list[str], list[str]]:
-    """Separate resurrected ids (deleted by the writer) from other extra ids."""
-    dead = {str(i) for i in deleted}
+    """Separate resurrected ids (deleted by the writer, mapped to index ids the listener's
+    way) from other extra ids."""
+    dead = {doc_id(i) for i in deleted}
     resurrected = [x for x in extra if x in dead]
     others = [x for x in extra if x not in dead]
     return missing, stale, resurrected, others
