@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     _connection(verify)
     verify.add_argument("--listener", dest="listener_name", metavar="NAME", help="only this one")
     verify.add_argument("--repair", action="store_true", help="fix with versioned writes")
+    verify.add_argument(
+        "--sample", type=int, metavar="N", help="check N random documents (no extra-id check)"
+    )
     verify.add_argument("--json", action="store_true")
     dev = sub.add_parser(
         "dev-servers", help="Redis, MongoDB and Elasticsearch stand-ins to point `run` at"
@@ -199,10 +202,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from singleton.service.verify import verify
 
     config = config_from_args(args)
-    reports = verify(config, args.listener_name, repair=args.repair)
+    reports = verify(config, args.listener_name, repair=args.repair, sample=args.sample)
     if args.repair and not all(r.ok for r in reports):
         repaired = {r.listener: r for r in reports}
-        reports = verify(config, args.listener_name)  # what the repair left, if anything
+        # what the repair left, if anything
+        reports = verify(config, args.listener_name, sample=args.sample)
         for r in reports:
             r.repaired = repaired[r.listener].repaired
             r.refused_as_newer = repaired[r.listener].refused_as_newer

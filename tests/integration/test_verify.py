@@ -50,6 +50,11 @@ def test_verify_names_the_differences_and_repair_fixes_them_without_regressing(
         assert report["missing"] == sorted([doc_id(4), doc_id(5)])
         assert report["stale"] == sorted([doc_id(2), doc_id(3)])
         assert report["extra"] == [doc_id(99)]
+        # A sample as large as the collection finds the same differences, but cannot see extras.
+        assert main(["verify", "--config", str(config), "--sample", "50", "--json"]) == 1
+        [sampled] = json.loads(capsys.readouterr().out)
+        assert sampled["missing"] == report["missing"] and sampled["stale"] == report["stale"]
+        assert sampled["extra"] == [] and sampled["documents"] == 5
 
         assert main(["verify", "--config", str(config), "--repair", "--json"]) == 1
         [after] = json.loads(capsys.readouterr().out)
