@@ -140,6 +140,15 @@ class DeadLetterStore:
         with mongo.translate(f"record a gap for {ctx.listener_name!r}"):
             self.gaps.insert_one(doc)
 
+    def not_replayable(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Clear the replay mark of records that hold no change event (they stay)."""
+        ids = [r["_id"] for r in records]
+        with mongo.translate("unmark dead letters"):
+            self.dead_letters.update_many(
+                {"_id": {"$in": ids}},
+                {"$unset": {"replay": ""}, "$set": {"note": "not a change event: verify --repair"}},
+            )
+
     def close(self) -> None:
         if self._owned:
             self._client.close()
@@ -172,10 +181,22 @@ class Replayer:
             return 0
         self._next = now + self.interval
         records = self._store.replays(self._listener, self.batch)
-        if not records:
+        # A record without a resume token is no change event (a document the initial copy could
+        # not write): there is nothing to re-deliver. It stays, unmarked, for `verify --repair`.
+        events = [r for r in records if isinstance(r.get("event"), Mapping) and "_id" in r["event"]]
+        others = [r for r in records if r not in events]
+        if others:
+            self._store.not_replayable(others)
+            logger.warning(
+                "{} dead letters of {} are not change events (initial copy); once the cause is "
+                "fixed, `singleton verify --repair` indexes them",
+                len(others),
+                self._listener,
+            )
+        if not events:
             return 0
-        deliver([r["event"] for r in records])
-        self._store.replayed(records)
+        deliver([r["event"] for r in events])
+        self._store.replayed(events)
         logger.info("replayed {} dead letters: listener={}", len(records), self._listener)
         return len(records)
 

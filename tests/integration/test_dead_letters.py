@@ -81,3 +81,22 @@ def test_an_unknown_listener_is_bad_input(mongo_url: str, unique: str, tmp_path:
     scene = Scene.on(mongo_url, unique)
     config = _config(tmp_path, scene, "p")
     assert main(["dead-letters", "list", "--config", config, "--listener", "nope"]) == 2
+
+
+def test_a_record_that_is_no_change_event_is_kept_for_verify_repair(
+    mongo_url: str, unique: str
+) -> None:
+    from listeners.deadletter import DeadLetterStore, Replayer
+    from singleton.testing import FakeClock
+
+    scene = Scene.on(mongo_url, unique)
+    store = DeadLetterStore(scene.client, database=scene.db)
+    copy_rejection = {"operationType": "index", "documentKey": {"_id": 5}, "status": 400}
+    store.dead_letters.insert_one(
+        {"_id": {"listener": "l", "key": 5}, "event": copy_rejection, "replay": True}
+    )
+    delivered: list[Any] = []
+    assert Replayer(store, "l", clock=FakeClock()).poll(delivered.extend) == 0
+    assert delivered == []  # nothing to re-deliver, and nothing deleted
+    [kept] = list(store.dead_letters.find())
+    assert "replay" not in kept and "verify --repair" in kept["note"]
