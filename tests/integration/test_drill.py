@@ -55,6 +55,9 @@ def test_short_drill_of_mixed_faults_passes(backend: str, tmp_path: Path) -> Non
     for key in ("missing", "stale", "resurrected", "extra"):
         assert result[key] == 0
     assert result["checkpoint_regressions"] == 0 and result["fencing_violations"] == 0
+    # a scheduled job ran through every fault: no fire time twice, tokens never went back
+    assert result["jobs"]["runs"] > 0 and result["jobs"]["twice"] == 0
+    assert result["jobs"]["token_regressions"] == 0
     assert result["writes"]["transactions"] > 0 and result["documents"]["mongo"] > 200
     assert set(result["gaps"]) == expected
     for kind in ("kill", "stop", "term", "rotate"):
