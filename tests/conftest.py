@@ -8,10 +8,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from singleton.abc import LeaseBackend
 from singleton.service.embedded import ElasticServer, MongoServer, RedisServer
 from singleton.testing import MemoryLeaseBackend
+
+#: The Hypothesis state machines drive stores whose calls take what they take: no deadline per
+#: example, and slow examples are no health problem. A machine's settings derive from it, as
+#: ``settings(settings.get_profile("stores"), max_examples=..., stateful_step_count=...)``.
+settings.register_profile("stores", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +31,14 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def mongo_server() -> Iterator[MongoServer]:
     with MongoServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def faulty_mongo() -> Iterator[MongoServer]:
+    """A SecantusDB of the module's own with test commands on, so its fail points hurt no other
+    module's server."""
+    with MongoServer(test_commands=True) as server:
         yield server
 
 

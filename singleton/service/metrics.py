@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -35,53 +35,93 @@ from singleton.latency import LatencySnapshot
 if TYPE_CHECKING:
     from singleton.service.replica import Replica
 
-#: RunnerStatus attributes exported per lease: attribute -> (metric name, help, counter?).
+#: Status attributes exported as metrics, keyed by the label naming their subject (a listener's
+#: ``lease``: RunnerStatus; a ``job``: JobStatus) and the attribute: (metric name, help, counter?).
 #: Counters are produced from the start; the gauges once their value exists (after a first batch,
-#: and for the checkpoint age after a first checkpoint too). Declare nothing that has no source.
+#: for the checkpoint age after a first checkpoint too, for lateness once a call ran). Declare
+#: nothing that has no source.
 _COUNTER, _GAUGE = True, False
-RUNNER_METRICS = {
-    "events_handled": ("singleton_events_processed", "Change events handled", _COUNTER),
-    "batches": ("singleton_batches_processed", "Batches handled", _COUNTER),
-    "checkpoint_age_seconds": (
+STATUS_METRICS = {
+    ("lease", "events_handled"): (
+        "singleton_events_processed",
+        "Change events handled",
+        _COUNTER,
+    ),
+    ("lease", "batches"): ("singleton_batches_processed", "Batches handled", _COUNTER),
+    ("lease", "checkpoint_age_seconds"): (
         "singleton_checkpoint_age_seconds",
         "Cluster-time seconds between the last checkpoint and the newest event seen",
         _GAUGE,
     ),
-    "sink_errors": ("singleton_sink_errors", "handle_batch attempts that raised", _COUNTER),
-    "dead_lettered": ("singleton_dead_letters", "Events dead-lettered", _COUNTER),
-    "listener_failed": ("singleton_listener_failed", "1 while the last tenure failed", _GAUGE),
-    "failed_tenures": ("singleton_failed_tenures", "Consecutive failed tenures", _GAUGE),
-}
-
-
-#: JobStatus attributes exported per job, as RUNNER_METRICS (lateness once a call ran).
-JOB_METRICS = {
-    "runs": ("singleton_job_runs", "Calls of a scheduled job that returned", _COUNTER),
-    "failures": ("singleton_job_failures", "Calls of a scheduled job that raised", _COUNTER),
-    "missed": (
+    ("lease", "sink_errors"): (
+        "singleton_sink_errors",
+        "handle_batch attempts that raised",
+        _COUNTER,
+    ),
+    ("lease", "dead_lettered"): (
+        "singleton_dead_letters",
+        "Events dead-lettered",
+        _COUNTER,
+    ),
+    ("lease", "listener_failed"): (
+        "singleton_listener_failed",
+        "1 while the last tenure failed",
+        _GAUGE,
+    ),
+    ("lease", "failed_tenures"): (
+        "singleton_failed_tenures",
+        "Consecutive failed tenures",
+        _GAUGE,
+    ),
+    ("job", "runs"): (
+        "singleton_job_runs",
+        "Calls of a scheduled job that returned",
+        _COUNTER,
+    ),
+    ("job", "failures"): (
+        "singleton_job_failures",
+        "Calls of a scheduled job that raised",
+        _COUNTER,
+    ),
+    ("job", "missed"): (
         "singleton_job_missed",
         "Fire times not run because they were later than the misfire grace",
         _COUNTER,
     ),
-    "lateness_seconds": (
+    ("job", "lateness_seconds"): (
         "singleton_job_lateness_seconds",
         "Fire time to the start of the job's last call",
         _GAUGE,
     ),
-    "leader": ("singleton_job_is_leader", "1 while this replica holds the job's lease", _GAUGE),
+    ("job", "leader"): (
+        "singleton_job_is_leader",
+        "1 while this replica holds the job's lease",
+        _GAUGE,
+    ),
 }
 
 
-def _job_families(replica: Replica) -> list[Any]:
-    families: dict[str, Any] = {}
-    for key, (name, doc, counter) in JOB_METRICS.items():
-        family = CounterMetricFamily if counter else GaugeMetricFamily
-        families[key] = family(name, doc, labels=["job"])
-    for status in [] if replica.jobs is None else replica.jobs.status():
+def _exported(subject: str) -> dict[str, tuple[str, str, bool]]:
+    """The part of STATUS_METRICS about ``subject``: attribute -> (metric name, help, counter?)."""
+    return {attr: spec for (of, attr), spec in STATUS_METRICS.items() if of == subject}
+
+
+#: RunnerStatus attributes exported per lease.
+RUNNER_METRICS = _exported("lease")
+
+
+def _status_families(subject: str, statuses: Iterable[tuple[str, Any]]) -> list[Metric]:
+    """The families of ``subject``'s status attributes, with a sample per ``(label value,
+    status)`` whose attribute is known (not yet: no sample)."""
+    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+    for attr, (name, doc, counter) in _exported(subject).items():
+        kind = CounterMetricFamily if counter else GaugeMetricFamily
+        families[attr] = kind(name, doc, labels=[subject])
+    for label, status in statuses:
         for attr, family in families.items():
             value = getattr(status, attr)
             if value is not None:
-                family.add_metric([status.name], float(value))
+                family.add_metric([label], float(value))
     return list(families.values())
 
 
@@ -102,11 +142,6 @@ class ReplicaCollector:
         renew = HistogramMetricFamily(
             "singleton_renew_latency_seconds", "Renewal round trips", labels=["lease"]
         )
-        batch = HistogramMetricFamily(
-            "singleton_batch_latency_seconds",
-            "Seconds a batch took to deliver to the sink, retries included",
-            labels=["lease"],
-        )
         renew_fail = CounterMetricFamily(
             "singleton_renew_failures", "Renewals that failed", labels=["lease"]
         )
@@ -124,11 +159,13 @@ class ReplicaCollector:
             "Now minus the cluster time of the newest position the leader acknowledged",
             labels=["lease"],
         )
+        batch = HistogramMetricFamily(
+            "singleton_batch_latency_seconds",
+            "Seconds a batch took to deliver to the sink, retries included",
+            labels=["lease"],
+        )
         now = time.time()
-        runner_families: dict[str, Any] = {}
-        for key, (name, doc, counter) in RUNNER_METRICS.items():
-            family = CounterMetricFamily if counter else GaugeMetricFamily
-            runner_families[key] = family(name, doc, labels=["lease"])
+        runners: list[tuple[str, Any]] = []
         for h in self.replica.hosted:
             ld = h.elector.leadership
             leader.add_metric([h.name], 1.0 if ld is not None else 0.0)
@@ -145,17 +182,15 @@ class ReplicaCollector:
             store_errors.add_metric([h.name, "fatal"], fatal)
             resigned.add_metric([h.name], stats.resignations)
             status = h.runner.status()
+            runners.append((h.name, status))
             _observe(batch, h.name, status.batch_latency)
             behind = status.lag_seconds(now)
             if behind is not None:
                 lag.add_metric([h.name], behind)
-            for attr, family in runner_families.items():
-                value = getattr(status, attr)
-                if value is not None:  # not known yet (no batch, no checkpoint): no sample
-                    family.add_metric([h.name], float(value))
         yield from (leader, token, trans, renew, renew_fail, store_errors, resigned, lag, batch)
-        yield from runner_families.values()
-        yield from _job_families(self.replica)
+        yield from _status_families("lease", runners)
+        jobs = [] if self.replica.jobs is None else self.replica.jobs.status()
+        yield from _status_families("job", [(job.name, job) for job in jobs])
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -1,29 +1,20 @@
-"""Job functions for the scheduled-job tests, importable by ``singleton run`` replicas.
+"""Reading and judging the record of the scheduled-job tests.
 
-Each call appends ``fire_ms|token|identity`` to the file named by ``$JOB_RECORD_FILE`` (one
-``O_APPEND`` write per line, atomic across processes), after ``ctx.check()``.
+Their replicas run the drill's job, :func:`singleton.service.drill.jobs.record` (re-exported here
+with its ``RECORD_ENV``, so a job table may name ``tests.integration.job_support:record``): each
+call appends ``fire_ms|token|identity`` to the file named by ``$RECORD_ENV``, after
+``ctx.check()``.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from singleton.jobs_context import JobContext, epoch_ms
+from singleton.service.drill.jobs import RECORD_ENV, record
 
-RECORD_ENV = "JOB_RECORD_FILE"
-
-
-def record(ctx: JobContext) -> None:
-    ctx.check()
-    line = f"{epoch_ms(ctx.fire_time)}|{ctx.token}|{ctx.leadership.identity}\n"
-    fd = os.open(os.environ[RECORD_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+__all__ = ["RECORD_ENV", "Run", "exactly_once_violations", "read_runs", "record"]
 
 
 @dataclass(frozen=True)

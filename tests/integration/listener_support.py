@@ -7,7 +7,8 @@ from __future__ import annotations
 import itertools
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from listeners import Checkpoint, ListenerRunner, MongoCheckpointStore
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext
 from listeners.checkpoint import CheckpointStore
 from listeners.deadletter import DeadLetterStore
-from listeners.status import RunnerState
+from listeners.status import RunnerState, RunnerStatus
 from singleton import Elector
 from singleton.abc import LeaseBackend
 from singleton.service.embedded import wait_until
@@ -261,6 +262,13 @@ def failed_lines(logs: LogCapture) -> list[dict[str, str]]:
     return [m.groupdict() for m in found if m is not None]
 
 
+def wait_recovered(runner: ListenerRunner) -> RunnerStatus:
+    """Wait until ``runner`` is ready again with a tenure streaming; its status then."""
+    wait_until(lambda: runner.status().ready, 15, what="ready again")
+    wait_state(runner, "streaming")
+    return runner.status()
+
+
 def wait_resigned(scene: Scene, runner: ListenerRunner, timeout: float = 10.0) -> None:
     """The runner reports its failure and no longer holds the lease."""
 
@@ -270,3 +278,28 @@ def wait_resigned(scene: Scene, runner: ListenerRunner, timeout: float = 10.0) -
         return runner.status().failure is not None and not runner.elector.is_leader and not mine
 
     wait_until(resigned, timeout, what="failure reported and lease released")
+
+
+def set_fail_point(client: Any, mode: Any, **data: Any) -> None:
+    """Configure SecantusDB's ``failCommand`` fail point (``mode`` "off" clears it)."""
+    client.admin.command(
+        {"configureFailPoint": "failCommand", "mode": mode, "data": {"failCommands": [], **data}}
+    )
+
+
+@contextmanager
+def resigned(scene: Scene, runner: ListenerRunner, **fail_point: Any) -> Iterator[LogCapture]:
+    """Start ``runner`` with ERROR logs captured and enter once it has failed and resigned; stop it
+    on the way out. With ``fail_point`` data, ``failCommand`` is on from before the start until
+    just before the stop."""
+    if fail_point:
+        set_fail_point(scene.client, "alwaysOn", **fail_point)
+    with LogCapture() as logs:
+        try:
+            runner.start()
+            wait_resigned(scene, runner)
+            yield logs
+        finally:
+            if fail_point:
+                set_fail_point(scene.client, "off")
+            runner.stop()

@@ -5,31 +5,14 @@ authentication ends the tenure at once (not retryable). Either way the lease is 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
-import pytest
-
-from singleton.service.embedded import MongoServer, wait_until
+from singleton.service.embedded import MongoServer
 from tests.integration.listener_support import (
-    LogCapture,
     Scene,
     failed_lines,
-    wait_resigned,
-    wait_state,
+    resigned,
+    set_fail_point,
+    wait_recovered,
 )
-
-
-@pytest.fixture(scope="module")
-def faulty_mongo() -> Iterator[MongoServer]:
-    with MongoServer(test_commands=True) as server:
-        yield server
-
-
-def _fail(client: Any, mode: Any, **data: Any) -> None:
-    client.admin.command(
-        {"configureFailPoint": "failCommand", "mode": mode, "data": {"failCommands": [], **data}}
-    )
 
 
 def test_a_checkpoint_timeout_is_retried_then_fails_then_recovers(
@@ -37,19 +20,10 @@ def test_a_checkpoint_timeout_is_retried_then_fails_then_recovers(
 ) -> None:
     scene = Scene.on(faulty_mongo.url, unique)
     runner = scene.runner(scene.listener("c"), failure_budget=0.5, reconnect_backoff=0.05)
-    _fail(scene.client, "alwaysOn", failCommands=["findAndModify"], errorCode=50)  # MaxTimeMS
-    with LogCapture() as logs:
-        try:
-            runner.start()
-            wait_resigned(scene, runner)
-            failed = runner.status()
-            _fail(scene.client, "off")
-            wait_until(lambda: runner.status().ready, 15, what="ready again")
-            wait_state(runner, "streaming")
-            recovered = runner.status()
-        finally:
-            _fail(scene.client, "off")
-            runner.stop()
+    with resigned(scene, runner, failCommands=["findAndModify"], errorCode=50) as logs:  # MaxTimeMS
+        failed = runner.status()
+        set_fail_point(scene.client, "off")
+        recovered = wait_recovered(runner)
     assert failed.last_outcome is not None
     assert (failed.last_outcome.kind, failed.last_outcome.retryable) == ("failed", True)
     assert failed.failure is not None and "still failing" in failed.failure
@@ -61,15 +35,9 @@ def test_a_checkpoint_timeout_is_retried_then_fails_then_recovers(
 def test_an_authentication_failure_fails_at_once(faulty_mongo: MongoServer, unique: str) -> None:
     scene = Scene.on(faulty_mongo.url, unique)
     runner = scene.runner(scene.listener("c"))
-    _fail(scene.client, "alwaysOn", failCommands=["findAndModify"], errorCode=18)  # AuthFailed
-    with LogCapture() as logs:
-        try:
-            runner.start()
-            wait_resigned(scene, runner)
-            status = runner.status()
-        finally:
-            _fail(scene.client, "off")
-            runner.stop()
+    # errorCode 18: AuthenticationFailed
+    with resigned(scene, runner, failCommands=["findAndModify"], errorCode=18) as logs:
+        status = runner.status()
     assert status.last_outcome is not None
     assert (status.last_outcome.kind, status.last_outcome.retryable) == ("failed", False)
     assert status.failure is not None and "PermissionDeniedError" in status.failure

@@ -19,7 +19,8 @@ from tests.integration.listener_support import (
     Scene,
     failed_lines,
     handled_by,
-    wait_resigned,
+    resigned,
+    wait_recovered,
     wait_state,
 )
 
@@ -53,13 +54,8 @@ def scene(mongo_url: str, unique: str) -> Iterator[Scene]:
 
 def test_a_permanent_failure_in_the_initial_copy_releases_and_says_so(scene: Scene) -> None:
     runner = scene.runner(CopyRejected(database=scene.db, collection="c"))
-    with LogCapture() as logs:
-        runner.start()
-        try:
-            wait_resigned(scene, runner)
-            status = runner.status()
-        finally:
-            runner.stop()
+    with resigned(scene, runner) as logs:
+        status = runner.status()
     assert not status.ready
     assert status.failure is not None and "ValueError" in status.failure and "400" in status.failure
     assert status.last_outcome is not None
@@ -75,17 +71,10 @@ def test_a_permanent_failure_in_the_initial_copy_releases_and_says_so(scene: Sce
 def test_a_transient_failure_is_retried_in_place_then_fails_past_its_budget(scene: Scene) -> None:
     listener = CopyUnavailable(database=scene.db, collection="c")
     runner = scene.runner(listener, failure_budget=0.5, reconnect_backoff=0.05)
-    with LogCapture() as logs:
-        runner.start()
-        try:
-            wait_resigned(scene, runner)
-            failed = runner.status()
-            listener.healthy = True  # the sink is back: a later tenure succeeds
-            wait_until(lambda: runner.status().ready, 15, what="ready again")
-            wait_state(runner, "streaming")
-            recovered = runner.status()
-        finally:
-            runner.stop()
+    with resigned(scene, runner) as logs:
+        failed = runner.status()
+        listener.healthy = True  # the sink is back: a later tenure succeeds
+        recovered = wait_recovered(runner)
     assert failed.last_outcome is not None
     assert (failed.last_outcome.kind, failed.last_outcome.retryable) == ("failed", True)
     assert failed.failure is not None and "RetriesExhaustedError" in failed.failure
@@ -170,13 +159,8 @@ def test_a_store_ahead_of_every_token_is_a_failure_not_a_loop(scene: Scene) -> N
     listener = scene.listener("t")
     scene.store.claim(listener.lease_name, 10**15, "from-another-world", listener.deployment())
     runner = scene.runner(listener)
-    with LogCapture() as logs:
-        runner.start()
-        try:
-            wait_resigned(scene, runner)
-            status = runner.status()
-        finally:
-            runner.stop()
+    with resigned(scene, runner) as logs:
+        status = runner.status()
     assert not status.ready and status.failure is not None and "stale writer" in status.failure
     assert str(10**15) in status.failure
     assert len(failed_lines(logs)) == status.failed_tenures
@@ -186,12 +170,8 @@ def test_another_deployments_checkpoint_fails_the_tenure_naming_both(scene: Scen
     owner = scene.listener("orders", name="shared")
     scene.store.claim("shared", 1, "owner", owner.deployment())
     runner = scene.runner(scene.listener("invoices", name="shared"))
-    runner.start()
-    try:
-        wait_resigned(scene, runner)
+    with resigned(scene, runner):
         status = runner.status()
-    finally:
-        runner.stop()
     assert status.failure is not None and "ConfigurationError" in status.failure
     assert f"{scene.db}.orders" in status.failure and f"{scene.db}.invoices" in status.failure
     assert status.last_outcome is not None and not status.last_outcome.retryable

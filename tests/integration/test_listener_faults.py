@@ -3,9 +3,6 @@ on getMore lose and skip nothing; a permission error fails fast with a clear mes
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 
 from singleton.service.embedded import MongoServer, wait_until
@@ -15,21 +12,9 @@ from tests.integration.listener_support import (
     assert_monotonic,
     finish_writes,
     now,
+    set_fail_point,
     wait_state,
 )
-
-
-@pytest.fixture(scope="module")
-def faulty_mongo() -> Iterator[MongoServer]:
-    with MongoServer(test_commands=True) as server:
-        yield server
-
-
-def _fail(client: Any, mode: Any, **data: Any) -> None:
-    client.admin.command(
-        {"configureFailPoint": "failCommand", "mode": mode, "data": {"failCommands": [], **data}}
-    )
-
 
 FAULTS = {
     "close_connection": {"closeConnection": True},
@@ -52,13 +37,13 @@ def test_stream_faults_lose_nothing(fault: str, faulty_mongo: MongoServer, uniqu
             seen = len(listener.keys())
             wait_until(lambda s=seen: len(listener.keys()) >= s + 30, 20, what="progress")
             data = {**FAULTS[fault], "failCommands": ["getMore", "aggregate"]}
-            _fail(scene.client, {"times": 3}, **data)
+            set_fail_point(scene.client, {"times": 3}, **data)
         wait_until(lambda: runner.status().reconnects >= 1, 20, what="a reconnect")
-        _fail(scene.client, "off")
+        set_fail_point(scene.client, "off")
         expected = finish_writes(writer, since, listener)
     finally:
         writer.stop_event.set()
-        _fail(scene.client, "off")
+        set_fail_point(scene.client, "off")
         runner.stop()
     keys = listener.keys()
     assert not set(expected) - set(keys), "events lost"
@@ -74,13 +59,13 @@ def test_stream_faults_lose_nothing(fault: str, faulty_mongo: MongoServer, uniqu
 def test_permission_error_fails_fast(faulty_mongo: MongoServer, unique: str) -> None:
     scene = Scene.on(faulty_mongo.url, unique)
     runner = scene.runner(scene.listener("c"))
-    _fail(scene.client, "alwaysOn", failCommands=["aggregate"], errorCode=13)
+    set_fail_point(scene.client, "alwaysOn", failCommands=["aggregate"], errorCode=13)
     try:
         runner.start()
         wait_state(runner, "failed")
         wait_until(lambda: not runner.elector.is_leader, 5, what="the lease resigned")
     finally:
-        _fail(scene.client, "off")
+        set_fail_point(scene.client, "off")
         runner.stop()
     status = runner.status()
     assert not status.ready and status.failure is not None and "changeStream" in status.failure

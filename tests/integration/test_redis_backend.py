@@ -25,7 +25,7 @@ from singleton.leadership import Leadership
 from singleton.service.embedded import RedisServer, free_port, wait_until
 from tests.integration.leader_child import Child
 from tests.integration.proxy import TcpProxy
-from tests.unit.election_support import captured_logs
+from tests.unit.election_support import captured_logs, contend_times
 
 SECRET = "s3cr3t-pa55"
 
@@ -122,14 +122,7 @@ def test_refused_elector_never_leads_says_why_and_backs_off(creds: str, unique: 
     with PasswordRedis() as server:
         url = f"redis://{creds}{server.host}:{server.port}/0"
         backend = RedisLeaseBackend(url, namespace=f"t{unique}")
-        attempts: list[float] = []
-        real = backend.contend
-
-        def timed(name: str, holder: str, ttl: float) -> Any:
-            attempts.append(time.monotonic())
-            return real(name, holder, ttl)
-
-        backend.contend = timed  # type: ignore[method-assign]
+        attempts = contend_times(backend)
         elector = Elector(backend, "job", ttl=3.0, retry_interval=0.1, jitter=0.0)
         try:
             with captured_logs("ERROR") as logs:

@@ -13,6 +13,7 @@ import pytest
 
 from singleton import Elector, Leadership
 from singleton.service.embedded import wait_until
+from tests.unit.election_support import contend_times
 
 
 @pytest.mark.parametrize("kind", ["memory", "fakeredis", "redis", "mongo"])
@@ -67,14 +68,7 @@ def test_resign_hands_over_at_once_and_sits_out_the_cooldown(
     kind: str, backend_factory: Any
 ) -> None:
     a_backend = backend_factory(kind)
-    contends: list[float] = []
-    real = a_backend.contend
-
-    def counted(name: str, holder: str, ttl: float) -> Any:
-        contends.append(time.monotonic())
-        return real(name, holder, ttl)
-
-    a_backend.contend = counted  # type: ignore[method-assign]
+    contends = contend_times(a_backend)
     a_lost: list[str] = []
     a_elected, b_elected, b_follows_a = threading.Event(), threading.Event(), threading.Event()
     b_tenures: list[Leadership] = []

@@ -1,8 +1,9 @@
-"""What the Election and Elector unit tests share: a callback recorder, a memory backend that can
-be made to fail, a log capture, and electors built on a FakeClock."""
+"""What the Election and Elector tests share: a callback recorder, a memory backend that can be
+made to fail, a log capture, a campaign timer, and electors built on a FakeClock."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from loguru import logger
 
 from singleton import Elector, Leadership
-from singleton.abc import Lease
+from singleton.abc import Lease, LeaseBackend
 from singleton.errors import BackendUnavailableError, SingletonError
 from singleton.testing import FakeClock, MemoryLeaseBackend
 
@@ -71,6 +72,20 @@ def captured_logs(level: str = "WARNING") -> Iterator[list[tuple[str, str]]]:
         logger.remove(sink)
 
 
+def contend_times(backend: LeaseBackend) -> list[float]:
+    """Wrap ``backend.contend`` in place to record when each campaign started (monotonic
+    seconds); the list it appends to."""
+    times: list[float] = []
+    real = backend.contend
+
+    def timed(name: str, holder: str, ttl: float) -> Any:
+        times.append(time.monotonic())
+        return real(name, holder, ttl)
+
+    backend.contend = timed  # type: ignore[method-assign]
+    return times
+
+
 def make(
     backend: MemoryLeaseBackend, clock: FakeClock, rec: Recorder | None = None, **kw: Any
 ) -> Elector:
@@ -96,6 +111,17 @@ def assert_leads(e: Elector, token: int | None = None) -> Leadership:
     assert ld is not None, f"{e!r} does not lead"
     assert token is None or ld.token == token, ld
     return ld
+
+
+def refused_campaigns(e: Elector, clock: FakeClock, rounds: int) -> list[float]:
+    """Tick ``e`` ``rounds`` times, each time moving ``clock`` by the delay it asks for, while the
+    store refuses it (it never leads): the delays."""
+    delays = []
+    for _ in range(rounds):
+        delays.append(e.tick())
+        clock.advance(delays[-1])
+        assert not e.is_leader
+    return delays
 
 
 def leading(

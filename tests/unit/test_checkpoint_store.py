@@ -14,7 +14,7 @@ import pymongo
 import pytest
 import redis
 from bson.timestamp import Timestamp
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from loguru import logger
@@ -122,14 +122,9 @@ class StoreMachine(RuleBasedStateMachine):
 
 def _run(store: CheckpointStore) -> None:
     StoreMachine.store = store
+    stores = settings.get_profile("stores")
     run_state_machine_as_test(
-        StoreMachine,
-        settings=settings(
-            max_examples=200,
-            stateful_step_count=8,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow],
-        ),
+        StoreMachine, settings=settings(stores, max_examples=200, stateful_step_count=8)
     )
 
 

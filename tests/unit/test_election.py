@@ -27,6 +27,7 @@ from tests.unit.election_support import (
     captured_logs,
     leading,
     make,
+    refused_campaigns,
 )
 
 #: A step below any boundary that the clock represents exactly (1000 + 5 - EPS + EPS == 1005).
@@ -285,12 +286,8 @@ def test_unreachable_store_backs_off_says_so_and_never_leads(
 ) -> None:
     backend.down = True
     e = make(backend, clock, retry_interval=1.0)
-    delays = []
     with captured_logs() as logs:
-        for _ in range(5):
-            delays.append(e.tick())
-            clock.advance(delays[-1])
-            assert not e.is_leader
+        delays = refused_campaigns(e, clock, 5)
     assert delays == [1.0, 2.0, 4.0, 8.0, 16.0]
     assert [level for level, _ in logs] == ["WARNING"] * 5  # transient: a warning per retry
     assert e.last_error == "BackendUnavailableError: injected: server unreachable"
@@ -308,11 +305,8 @@ def test_refused_credentials_are_an_error_every_retry_and_the_elector_says_so(
         "redis acquire of lease 'job' on redis://bob:***@10.0.0.7:6379/0: WRONGPASS invalid"
     )
     e = make(backend, clock, retry_interval=1.0)
-    delays = []
     with captured_logs() as logs:
-        for _ in range(7):
-            delays.append(e.tick())
-            clock.advance(delays[-1])
+        delays = refused_campaigns(e, clock, 7)
     assert not e.is_leader and e.stats.elections == 0
     assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, MAX_RETRY_BACKOFF, MAX_RETRY_BACKOFF]
     assert [level for level, _ in logs] == ["ERROR"] * 7  # one per retry, none dropped

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import fakeredis
 from bson.timestamp import Timestamp
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -183,14 +183,9 @@ class FencingModel(RuleBasedStateMachine):
 
 
 def test_fencing_model() -> None:
+    stores = settings.get_profile("stores")
     run_state_machine_as_test(
-        FencingModel,
-        settings=settings(
-            max_examples=300,
-            stateful_step_count=25,
-            deadline=None,
-            suppress_health_check=[HealthCheck.too_slow],
-        ),
+        FencingModel, settings=settings(stores, max_examples=300, stateful_step_count=25)
     )
 
 

@@ -85,6 +85,20 @@ def recorder(log: list[Record], identity: str) -> Callable[[JobContext], None]:
     return call
 
 
+#: One log and the replicas ``a`` and ``b`` that record into it.
+Pair = tuple[list[Record], Replica, Replica]
+
+
+@pytest.fixture
+def pair(backend: MemoryLeaseBackend, clock: FakeClock, made: list[Replica]) -> Pair:
+    """Replicas ``a`` and ``b`` of one job that records each call into one log."""
+    log: list[Record] = []
+    a = Replica(backend, clock, "a").add(recorder(log, "a"))
+    b = Replica(backend, clock, "b").add(recorder(log, "b"))
+    made += [a, b]
+    return log, a, b
+
+
 def seconds(log: list[Record], start: datetime) -> list[int]:
     return [round((fire - start).total_seconds()) for fire, _, _ in log]
 
@@ -94,12 +108,9 @@ def wall(clock: FakeClock) -> datetime:
 
 
 def test_each_fire_time_once_and_the_successor_runs_the_gap_late(
-    backend: MemoryLeaseBackend, clock: FakeClock, made: list[Replica]
+    backend: MemoryLeaseBackend, clock: FakeClock, pair: Pair
 ) -> None:
-    log: list[Record] = []
-    a = Replica(backend, clock, "a").add(recorder(log, "a"))
-    b = Replica(backend, clock, "b").add(recorder(log, "b"))
-    made += [a, b]
+    log, a, b = pair
     t0 = wall(clock)
     a.elect()  # fire times fall on whole seconds from t0 (every: counted from ANCHOR)
     for _ in range(3):
@@ -124,12 +135,9 @@ def test_each_fire_time_once_and_the_successor_runs_the_gap_late(
 
 
 def test_a_store_that_lost_its_claims_resumes_from_now(
-    backend: MemoryLeaseBackend, clock: FakeClock, made: list[Replica]
+    backend: MemoryLeaseBackend, clock: FakeClock, pair: Pair
 ) -> None:
-    log: list[Record] = []
-    a = Replica(backend, clock, "a").add(recorder(log, "a"))
-    b = Replica(backend, clock, "b").add(recorder(log, "b"))
-    made += [a, b]
+    log, a, b = pair
     t0 = wall(clock)
     a.elect()
     a.step()
