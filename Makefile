@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # Installs the Debian packages the real-server tests need, only when a binary is missing.
+# Sentinel runs as `redis-server <file> --sentinel` (tests/integration/sentinel_support.py): the
+# redis-server package is enough; Debian's redis-sentinel would only add a system-wide service.
 sysdeps:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \

@@ -26,6 +26,7 @@ from listeners.checkpoint_contract import (
 )
 from singleton import mongo
 from singleton.backends.redis import translate as redis_translate
+from singleton.backends.redis_client import client_from_url
 from singleton.errors import ConfigurationError, StaleWriterError
 
 if TYPE_CHECKING:
@@ -260,11 +261,9 @@ class RedisCheckpointStore(CheckpointStore):
         *,
         unsafe_disable_fencing: bool = False,
     ) -> None:
-        import redis as redis_mod
-
         self._fenced = not unsafe_disable_fencing
-        if isinstance(client_or_url, str):
-            self._client: redis_mod.Redis = redis_mod.Redis.from_url(
+        if isinstance(client_or_url, str):  # redis://, rediss://, unix:// or redis+sentinel://
+            self._client: redis.Redis = client_from_url(
                 client_or_url, socket_timeout=5, socket_connect_timeout=3
             )
             self._owned = True

@@ -26,6 +26,8 @@ holder may be granted the lease while the first still believes it leads: the ren
 bounds that window, and fenced checkpoints and sink writes make the older holder's writes
 harmless.
 The pub/sub subscription only shortens waits: if it is down, waiters fall back to their timeout.
+Under Sentinel every new connection, the subscription's included, goes to the master the
+Sentinels name, so after a failover both reach the promoted replica.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from singleton.abc import (
 )
 from singleton.backends._base import ServerLeaseBackend
 from singleton.backends._notify import ReleaseFeed
+from singleton.backends.redis_client import client_from_url, describe_client
 from singleton.errors import (
     BackendError,
     BackendUnavailableError,
@@ -190,7 +193,8 @@ def _text(value: Any) -> str:
 
 
 class RedisLeaseBackend(ServerLeaseBackend):
-    """Leases on Redis. Pass a ``redis.Redis`` client (never closed here) or a URL (the client
+    """Leases on Redis. Pass a ``redis.Redis`` client (never closed here) or a URL, including
+    ``redis+sentinel://`` (:func:`~singleton.backends.redis_client.client_from_url`; the client
     built from it has bounded socket timeouts, ``retries`` immediate retries of a failed call,
     and is closed by :meth:`close`)."""
 
@@ -215,27 +219,18 @@ class RedisLeaseBackend(ServerLeaseBackend):
         self._owned = isinstance(client_or_url, str)
         if isinstance(client_or_url, str):
             self._url = redact(client_or_url)
-            if not client_or_url.startswith(("redis://", "rediss://", "unix://")):
-                raise ConfigurationError(
-                    f"not a Redis URL (redis://, rediss:// or unix://): {self._url}"
-                )
-            try:
-                self._client: redis.Redis = redis.Redis.from_url(
-                    client_or_url,
-                    socket_timeout=socket_timeout,
-                    socket_connect_timeout=socket_connect_timeout,
-                    socket_keepalive=True,
-                    # Only a stale pooled connection is worth an immediate retry; the Elector
-                    # owns every other retry (with backoff) and its renew deadline.
-                    retry=Retry(NoBackoff(), retries),
-                )
-            except (ValueError, rex.RedisError) as exc:
-                raise ConfigurationError(
-                    f"invalid Redis URL {self._url}: {redact(str(exc))}"
-                ) from None
+            self._client: redis.Redis = client_from_url(
+                client_or_url,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=socket_connect_timeout,
+                socket_keepalive=True,
+                # Only a stale pooled connection is worth an immediate retry; the Elector
+                # owns every other retry (with backoff) and its renew deadline.
+                retry=Retry(NoBackoff(), retries),
+            )
         elif isinstance(client_or_url, redis.Redis):
             self._client = client_or_url
-            self._url = self._client_url(client_or_url)
+            self._url = describe_client(client_or_url)
         else:
             raise ConfigurationError(
                 f"expected a redis.Redis client or a URL string, got {type(client_or_url)!r}"
@@ -385,10 +380,3 @@ class RedisLeaseBackend(ServerLeaseBackend):
     def _seconds(pttl: Any) -> float:
         ms = int(pttl)
         return math.inf if ms < 0 else ms / 1000
-
-    @staticmethod
-    def _client_url(client: redis.Redis) -> str:
-        kw = client.connection_pool.connection_kwargs
-        if "path" in kw:
-            return f"unix://{kw['path']}"
-        return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from singleton.backends import redis_client
 from singleton.errors import ConfigurationError
 from singleton.redact import redact
 from singleton.timings import LeaseTimings
@@ -368,7 +369,7 @@ def _validate(config: Config) -> None:
     _choice("log_format", config.log_format, LOG_FORMATS)
     _choice("log_level", config.log_level.upper(), LOG_LEVELS)
     for key, schemes in (
-        ("redis_url", ("redis://", "rediss://", "unix://")),
+        ("redis_url", redis_client.SCHEMES),
         ("mongo_url", ("mongodb://", "mongodb+srv://")),
         ("es_url", ("http://", "https://")),
     ):
@@ -377,6 +378,13 @@ def _validate(config: Config) -> None:
             raise ConfigurationError(
                 f"{key} must start with {' or '.join(schemes)}, got {redact(value)!r}"
             )
+    try:  # parsed as the lease backend and the checkpoint store will parse it
+        redis_client.check_url(config.redis_url)
+    except ConfigurationError as exc:
+        url = redact(config.redis_url)
+        raise ConfigurationError(
+            f"redis_url is not a valid Redis URL, got {url!r}: {exc}"
+        ) from None
     _check_mongo_url(config.mongo_url)
     if config.metrics_address not in (None, "", "off"):
         host, _, port = str(config.metrics_address).rpartition(":")

@@ -88,7 +88,10 @@ def warn_without_persistence(redis_url: str) -> None:
     doubt)."""
     import redis
 
-    client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    from singleton.backends.redis_client import client_from_url
+
+    # Under Sentinel this asks the current master (replicas should persist alike; not checked).
+    client = client_from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
     try:
         aof = client.config_get("appendonly").get("appendonly")
         save = client.config_get("save").get("save")

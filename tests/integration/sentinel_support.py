@@ -1,0 +1,189 @@
+"""A Redis Sentinel deployment of real processes on loopback free ports: one primary, one
+replica (``--replicaof``) and three Sentinels (``redis-server <file> --sentinel``), with short
+timings (down after 1 s, failover timeout 3 s) so that a failover takes a few seconds.
+
+:class:`SentinelGroup` starts them in order and returns only once every Sentinel knows the
+replica and the two other Sentinels (before that a failover could not be agreed on), and stops
+them all on exit. :meth:`SentinelGroup.watch_switch` subscribes to ``+switch-master`` *before*
+a fault is injected, so the promotion is waited on as an event, not polled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from singleton.service.embedded import EmbeddedServer, RedisServer, wait_until
+
+SERVICE = "singleton-test"
+DOWN_AFTER_MS = 1000
+FAILOVER_TIMEOUT_MS = 3000
+
+
+def _pong(host: str, port: int) -> bool:
+    with socket.create_connection((host, port), timeout=0.5) as s:
+        s.sendall(b"*1\r\n$4\r\nPING\r\n")
+        return s.recv(16).startswith(b"+PONG")
+
+
+class ReplicaRedis(RedisServer):
+    """``redis-server --replicaof`` the primary (no persistence, like the primary)."""
+
+    kind = "redis-replica"
+
+    def __init__(self, primary: RedisServer, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.primary = primary
+
+    def command(self) -> Sequence[str]:
+        assert not self.fake, "redis-server must be on PATH (make sysdeps)"
+        return [*super().command(), "--replicaof", self.primary.host, str(self.primary.port)]
+
+
+class SentinelServer(EmbeddedServer):
+    """``redis-server <file> --sentinel`` monitoring ``primary`` as :data:`SERVICE`, quorum 2.
+    Sentinel rewrites its file, so each one gets its own in its own temporary directory."""
+
+    kind = "sentinel"
+
+    def __init__(self, primary: RedisServer, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.primary = primary
+        self.binary = shutil.which("redis-server")
+
+    def command(self) -> Sequence[str]:
+        assert self.binary, "redis-server must be on PATH (make sysdeps)"
+        conf = Path(self._tmp) / "sentinel.conf"
+        conf.write_text(
+            f"port {self.port}\n"
+            f"bind {self.host}\n"
+            f"dir {self._tmp}\n"
+            f"sentinel monitor {SERVICE} {self.primary.host} {self.primary.port} 2\n"
+            f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
+            f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
+            f"sentinel parallel-syncs {SERVICE} 1\n"
+        )
+        return [self.binary, str(conf), "--sentinel"]
+
+    def ready(self) -> bool:
+        return _pong(self.host, self.port)
+
+
+class SentinelGroup:
+    """Primary, replica and three Sentinels; a context manager."""
+
+    def __init__(self, sentinels: int = 3) -> None:
+        self.primary = RedisServer()
+        self.replica = ReplicaRedis(self.primary)
+        self.sentinels = [SentinelServer(self.primary) for _ in range(sentinels)]
+        self._clients: list[redis.Redis] = []
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"{s.host}:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{SERVICE}"
+
+    def _client(self, server: EmbeddedServer) -> redis.Redis:
+        client = redis.Redis(server.host, server.port, socket_timeout=2, decode_responses=True)
+        self._clients.append(client)
+        return client
+
+    def start(self, timeout: float = 30.0) -> SentinelGroup:
+        self.primary.start()
+        self.replica.start()
+        replica = self._client(self.replica)
+        wait_until(
+            lambda: replica.info("replication").get("master_link_status") == "up",
+            timeout,
+            what="the replica in sync with the primary",
+        )
+        for sentinel in self.sentinels:
+            sentinel.start()
+        others = len(self.sentinels) - 1
+        for sentinel in self.sentinels:
+            client = self._client(sentinel)
+
+            def knows_all(client: redis.Redis = client) -> bool:
+                state: Any = client.sentinel_master(SERVICE)
+                return int(state["num-slaves"]) >= 1 and int(state["num-other-sentinels"]) >= others
+
+            wait_until(knows_all, timeout, what=f"sentinel {sentinel.port} sees the others")
+        return self
+
+    def master_port(self) -> int:
+        """The master's port as the first Sentinel reports it."""
+        address: Any = self._client(self.sentinels[0]).sentinel_get_master_addr_by_name(SERVICE)
+        _, port = address
+        return int(port)
+
+    def master_client(self) -> redis.Redis:
+        """A plain client on whichever server is the master now."""
+        port = self.master_port()
+        server = self.primary if port == self.primary.port else self.replica
+        return self._client(server)
+
+    @contextlib.contextmanager
+    def watch_switch(self) -> Iterator[SwitchWatch]:
+        """Subscribed to ``+switch-master`` on every Sentinel for the duration of the block."""
+        watch = SwitchWatch([self._client(s) for s in self.sentinels])
+        try:
+            yield watch
+        finally:
+            watch.close()
+
+    def stop(self) -> None:
+        for client in self._clients:
+            with contextlib.suppress(Exception):
+                client.close()
+        for server in [*self.sentinels, self.replica, self.primary]:
+            server.cleanup()
+
+    def __enter__(self) -> SentinelGroup:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class SwitchWatch:
+    """``+switch-master`` messages from the Sentinels, read by :meth:`wait`."""
+
+    def __init__(self, clients: list[redis.Redis]) -> None:
+        self._pubsubs = []
+        for client in clients:
+            pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            pubsub.subscribe("+switch-master")
+            self._pubsubs.append(pubsub)
+
+    def wait(self, timeout: float) -> tuple[float, int]:
+        """(monotonic time it was heard, the new master's port) of the first switch any
+        Sentinel announces; ``AssertionError`` if none does within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            for pubsub in self._pubsubs:
+                # Blocks on the socket up to the timeout: a wait on the event itself.
+                message = pubsub.get_message(timeout=min(left, 0.2) / len(self._pubsubs))
+                if message and message.get("type") == "message":
+                    # "<name> <old ip> <old port> <new ip> <new port>"
+                    fields = str(message["data"]).split()
+                    return time.monotonic(), int(fields[4])
+        raise AssertionError(f"no +switch-master within {timeout} s")
+
+    def close(self) -> None:
+        for pubsub in self._pubsubs:
+            with contextlib.suppress(Exception):
+                pubsub.close()
