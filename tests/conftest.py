@@ -74,6 +74,12 @@ def client(mongo_url: str) -> Iterator[Any]:
 
 
 @pytest.fixture
+def docs(client: Any, unique: str) -> Any:
+    """A fresh collection (``es<unique>.docs``) for one Elasticsearch test."""
+    return client[f"es{unique}"]["docs"]
+
+
+@pytest.fixture
 def unique() -> str:
     """A fresh suffix, so tests sharing a server never share keys, collections or indices."""
     return uuid.uuid4().hex[:12]

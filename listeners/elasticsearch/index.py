@@ -220,12 +220,8 @@ class IndexKeeper:
         status, resp = self._request("PUT", name, "/_settings", body)
         if status != 200:
             raise request_error(status, resp, f"cannot raise gc_deletes on {name}")
-        ctx.logger.info(
-            "elasticsearch: raised gc_deletes of {} from {} s to {} s",
-            name,
-            current,
-            self.gc_deletes,
-        )
+        raised = f"{current} s to {self.gc_deletes} s"
+        ctx.logger.info("elasticsearch: raised gc_deletes of {} from {}", name, raised)
 
     def _request(
         self, method: str, name: str, suffix: str = "", body: Any = None

@@ -16,11 +16,10 @@ from tests.integration.es_proxy import BulkRejectingProxy
 
 
 def test_429_for_30_percent_of_items_loses_nothing_and_bad_documents_are_dead_lettered(
-    client: pymongo.MongoClient[dict[str, Any]], es_url: str, unique: str
+    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
 ) -> None:
-    db = f"es{unique}"
-    coll = client[db]["docs"]
-    dead = DeadLetterStore(client, database=f"dl{unique}")
+    coll, db = docs, docs.database.name
+    dead = DeadLetterStore(client, database=f"dl{db}")
     with BulkRejectingProxy(es_url, reject_ratio=0.3, seed=3) as proxy:
         listener = ElasticsearchSync(
             database=db,

@@ -77,12 +77,11 @@ class Counting:
 
 
 def test_initial_sync_with_concurrent_writes_resumes_after_a_stop(
-    client: pymongo.MongoClient[dict[str, Any]], es_url: str, unique: str
+    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
 ) -> None:
-    db = f"es{unique}"
-    coll = client[db]["docs"]
+    coll, db = docs, docs.database.name
     coll.insert_many([{"_id": i, "n": i, "tag": f"t{i % 97}"} for i in range(DOCS)])
-    progress = MongoCheckpointStore(client, database=f"cp{unique}")
+    progress = MongoCheckpointStore(client, database=f"cp{db}")
     tenures = es_support.Tenures(f"{db}.docs")
     first = tenures.next(client, progress)
 

@@ -16,10 +16,9 @@ from tests.integration import es_support
 
 
 def test_split_stage_only_where_supported_and_documents_looked_up_when_missing(
-    client: pymongo.MongoClient[dict[str, Any]], es_url: str, unique: str
+    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
 ) -> None:
-    db = f"es{unique}"
-    coll = client[db]["docs"]
+    coll, db = docs, docs.database.name
     listener = ElasticsearchSync(database=db, collection="docs", es=es_url)
     ctx = es_support.Tenures(listener.lease_name).next(client)
     listener.on_start(ctx)

@@ -47,10 +47,9 @@ def _alias_targets(http: Transport, alias: str) -> list[str]:
 
 
 def test_resync_drops_what_was_deleted_meanwhile_and_readers_see_the_old_index_until_the_swap(
-    client: pymongo.MongoClient[dict[str, Any]], es_url: str, unique: str
+    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
 ) -> None:
-    db = f"es{unique}"
-    coll = client[db]["docs"]
+    coll, db = docs, docs.database.name
     coll.insert_many([{"_id": i, "n": i} for i in range(300)])
     tenures = es_support.Tenures(f"{db}.docs")
     http = connect(es_url)
@@ -104,10 +103,9 @@ def test_resync_drops_what_was_deleted_meanwhile_and_readers_see_the_old_index_u
 
 
 def test_a_plain_index_of_an_earlier_version_is_adopted_by_the_first_resync(
-    client: pymongo.MongoClient[dict[str, Any]], es_url: str, unique: str
+    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
 ) -> None:
-    db = f"es{unique}"
-    coll = client[db]["docs"]
+    coll, db = docs, docs.database.name
     http = connect(es_url)
     listener = ElasticsearchSync(database=db, collection="docs", es=es_url)
     alias = listener.index_name
@@ -134,11 +132,10 @@ def test_a_plain_index_of_an_earlier_version_is_adopted_by_the_first_resync(
 
 
 def test_unindexable_documents_are_dead_lettered_in_the_copy_and_the_stream(
-    client: pymongo.MongoClient[dict[str, Any]], es_url: str, unique: str
+    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
 ) -> None:
-    db = f"es{unique}"
-    coll = client[db]["docs"]
-    dead = DeadLetterStore(client, database=f"dl{unique}")
+    coll, db = docs, docs.database.name
+    dead = DeadLetterStore(client, database=f"dl{db}")
     long_id = "x" * 600
     coll.insert_many(
         [{"_id": i, "n": i} for i in range(30)]

@@ -31,10 +31,9 @@ def make(db: str, es_url: str, **kw: Any) -> ElasticsearchSync:
 
 
 def test_random_workload_then_full_replay(
-    client: pymongo.MongoClient[dict[str, Any]], es_url: str, unique: str
+    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
 ) -> None:
-    db = f"es{unique}"
-    coll = client[db]["docs"]
+    coll, db = docs, docs.database.name
     listener = make(db, es_url, bulk_actions=400, concurrency=2)
     ctx = es_support.Tenures(listener.lease_name).next(client)
     start = cluster_time(client)
@@ -59,10 +58,9 @@ def test_random_workload_then_full_replay(
 
 
 def test_deposed_leader_replaying_old_events_changes_nothing(
-    client: pymongo.MongoClient[dict[str, Any]], es_url: str, unique: str
+    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
 ) -> None:
-    db = f"es{unique}"
-    coll = client[db]["docs"]
+    coll, db = docs, docs.database.name
     tenures = es_support.Tenures(f"{db}.docs")
     old_ctx = tenures.next(client)
     start = cluster_time(client)
