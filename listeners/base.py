@@ -219,6 +219,17 @@ class ChangeStreamListener:
         """The watched collection was dropped or renamed; the runner then continues with
         ``start_after`` this event."""
 
+    def large_event_projection(self) -> Mapping[str, Any]:
+        """The stage that makes every change event small enough to read, used when one over
+        16 MB failed the stream (BSONObjectTooLarge): the runner then reads on from the last
+        checkpoint with this stage added to :attr:`pipeline` (before a
+        ``$changeStreamSplitLargeEvent`` stage), for a while (:mod:`listeners.large_events`).
+        The events of that while arrive without these fields: complete them (ElasticsearchSync
+        looks the document up) or do without."""
+        return {
+            "$project": {"fullDocument": 0, "fullDocumentBeforeChange": 0, "updateDescription": 0}
+        }
+
     def initial_sync(self, ctx: ListenerContext) -> None:
         """Copy existing data when there is no checkpoint yet (and for ``resync``).
 

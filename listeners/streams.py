@@ -10,7 +10,7 @@ has because the stream caught up, or handle an invalidate. What an error means i
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -91,9 +91,11 @@ def watch(
     *,
     max_await_time: float,
     at_time: Timestamp | None = None,
+    pipeline: Sequence[Mapping[str, Any]] | None = None,
 ) -> Any:
-    """Open ``listener``'s change stream at ``position`` (``at_time`` for a fresh one); each
-    ``getMore`` waits at most ``max_await_time`` seconds."""
+    """Open ``listener``'s change stream at ``position`` (``at_time`` for a fresh one) with
+    ``pipeline`` (default: the listener's); each ``getMore`` waits at most ``max_await_time``
+    seconds."""
     target: Any = client[listener.database or ""]
     if listener.collection is not None:
         target = target[listener.collection]
@@ -103,7 +105,7 @@ def watch(
     if listener.full_document is not None:
         kwargs["full_document"] = listener.full_document
     return target.watch(
-        list(listener.pipeline),
+        list(listener.pipeline if pipeline is None else pipeline),
         max_await_time_ms=max(1, int(max_await_time * 1000)),
         batch_size=listener.batch_size,
         **kwargs,

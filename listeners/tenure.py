@@ -13,7 +13,8 @@ one existed applies ``on_history_lost`` instead of starting afresh. Transient er
 errors that retrying cannot fix (history lost with policy ``fail``, refused permissions, another
 deployment's checkpoint, a poison event with policy ``stop``, any other exception from the
 listener), and transient ones past the budget, end the tenure as ``failed``: the runner then
-resigns the lease and says so (:mod:`listeners.runner`).
+resigns the lease and says so (:mod:`listeners.runner`). A change event over 16 MB is neither: the
+stream reads on past it without its large fields (:mod:`listeners.large_events`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from listeners.checkpoint import CheckpointStore
 from listeners.checkpoint_marker import CheckpointMarker
 from listeners.checkpoint_policy import CheckpointPolicy, LastSeen
 from listeners.deadletter import DeadLetterStore, PoisonEventError, PoisonHandler, Replayer
+from listeners.large_events import LargeEvents
 from listeners.status import RetriesExhaustedError, StatusBoard, TenureOutcome
-from listeners.streams import StartPosition, StreamReader, token_time, watch
+from listeners.streams import StartPosition, StreamReader, token_time
 from singleton import mongo
 from singleton.clock import Clock
 from singleton.errors import (
@@ -117,6 +119,7 @@ class TenureWorker:
         )
         self._marker = CheckpointMarker(settings.lease_store, self.name, self._bounded)
         self._replayer = Replayer(settings.dead_letters, self.name, clock=settings.clock)
+        self._large = LargeEvents(settings.listener, self._policy, self.ctx)
         self._backoff = Backoff(
             settings.reconnect_backoff, settings.max_reconnect_backoff, rng=settings.rng
         )
@@ -209,12 +212,8 @@ class TenureWorker:
         """Stream until an invalidate (returns where to continue), a drain, or an error."""
         fresh = self._cluster_time() if pos.fresh else None
         with self._bounded():
-            opened = watch(
-                self._s.client,
-                self._s.listener,
-                pos,
-                max_await_time=self._s.max_await_time,
-                at_time=fresh,
+            opened = self._large.watch(
+                self._s.client, pos, max_await_time=self._s.max_await_time, at_time=fresh
             )
         with opened as stream:
             reader = StreamReader(
@@ -240,6 +239,8 @@ class TenureWorker:
                 else:
                     assert step.event is not None
                     return self._invalidated(step.event)
+                if self._large.passed(step):  # saved past a large event: read full events
+                    return self._policy.resume_position(pos)
 
     def _healthy(self) -> None:
         """The stream reads again: the failure budget and the backoff start over, and a failure
@@ -330,7 +331,10 @@ class TenureWorker:
                 f"listener {self.name!r}: MongoDB refused the change stream (check the user's "
                 f"roles: changeStream and find on {self._s.listener.database}): {exc}"
             ) from exc
-        if kind == "fatal":
+        if kind == "too_large" and pos is not None:  # no budget: the same read would fail again
+            self._large.failed(exc)  # reduced mode, from the reloaded checkpoint
+            return self._policy.resume_position(pos)
+        if kind in ("fatal", "too_large"):
             raise exc
         self._spend_budget(exc)
         self._reconnect_wait(exc)

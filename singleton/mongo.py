@@ -10,7 +10,9 @@ Error classes follow the drivers' change-streams and retryable-operations specs:
 transient (the outcome of a write is then unknown); 286 ``ChangeStreamHistoryLost``, 280
 ``ChangeStreamFatalError`` ("resume token was not found") and 136 ``CappedPositionLost`` mean a
 saved position is gone and retrying it would loop forever; authentication and authorization
-errors will not heal by retrying.
+errors will not heal by retrying. 10334 ``BSONObjectTooLarge`` on a change stream means one event
+is over 16 MB: retrying the same read fails the same way forever, yet the stream is not broken (a
+reader can reopen it with the large fields projected away), so it is neither transient nor fatal.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from singleton.redact import redact
 if TYPE_CHECKING:
     from pymongo import MongoClient
 
-ErrorKind = Literal["history_lost", "permission", "transient", "fatal"]
+ErrorKind = Literal["history_lost", "permission", "too_large", "transient", "fatal"]
 
 #: "That position is no longer in the oplog".
 HISTORY_LOST_CODES = frozenset({136, 280, 286})
@@ -43,6 +45,8 @@ HISTORY_LOST_MESSAGES = (
     "changestreamhistorylost",
     "resume point may no longer",
 )
+#: BSONObjectTooLarge: a document (for a change stream, one event) over the 16 MB BSON limit.
+TOO_LARGE_CODES = frozenset({10334})
 #: Unauthorized (13), AuthenticationFailed (18), UserNotFound (11), Atlas "not allowed" (8000),
 #: PasswordExpired/AuthenticationRestrictionUnmet-style refusals (31, 33).
 PERMISSION_CODES = frozenset({11, 13, 18, 31, 33, 8000})
@@ -78,7 +82,7 @@ _TRANSIENT_LABELS = ("ResumableChangeStreamError", "RetryableWriteError")
 
 
 def classify(exc: BaseException) -> ErrorKind:
-    """Which of the four error classes ``exc`` belongs to (see the module docstring)."""
+    """Which of the five error classes ``exc`` belongs to (see the module docstring)."""
     import pymongo.errors as pe
 
     if isinstance(exc, pe.OperationFailure):
@@ -87,6 +91,8 @@ def classify(exc: BaseException) -> ErrorKind:
             return "history_lost"
         if exc.code in PERMISSION_CODES or "not authorized" in message:
             return "permission"
+        if exc.code in TOO_LARGE_CODES:
+            return "too_large"
         if exc.code in TRANSIENT_CODES or exc.timeout:
             return "transient"
         if any(exc.has_error_label(label) for label in _TRANSIENT_LABELS):
