@@ -54,6 +54,10 @@ if TYPE_CHECKING:
     from singleton.leadership import Leadership
 
 
+#: Seconds opening a change stream may take (see ``TenureSettings.open_timeout``).
+OPEN_TIMEOUT = 5.0
+
+
 class _Tenure:
     """One tenure's worker thread and the flags the elector's callbacks set for it."""
 
@@ -136,6 +140,7 @@ class ListenerRunner:
             clock=clock,
             max_await_time=max_await_time,
             op_timeout=elector.renew_deadline / 2,
+            open_timeout=max(elector.renew_deadline / 2, OPEN_TIMEOUT),
             checkpoint_interval=checkpoint_interval,
             idle_checkpoint_interval=idle_checkpoint_interval,
             reconnect_backoff=reconnect_backoff,

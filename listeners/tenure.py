@@ -1,20 +1,17 @@
 """One tenure's work, start to end: open the stream where the checkpoint says, deliver batches,
 let the checkpoint policy save, recover from stream errors, and end with a :class:`TenureOutcome`.
 
-Failure model: the lease may end at any instant (pause, partition, a stale renew), the stream's
-connection may drop, and the oplog may roll past the saved position. So every MongoDB call is
-bounded by half the renew deadline (:meth:`TenureWorker._bounded`), ``ctx.check()`` runs before
-every ``handle_batch`` and every checkpoint write, and a tenure starts by *claiming* the checkpoint
-(fencing it with its token, so a deposed leader's later writes are refused); a claim that finds
-none when this replica or the lease store's marker (:mod:`listeners.checkpoint_marker`) knows
-one existed applies ``on_history_lost`` instead of starting afresh. Transient errors
-(:func:`singleton.mongo.classify`) are retried in place, from the last checkpoint, after a backoff
-(:class:`singleton.retry.Backoff`), for at most ``failure_budget`` seconds of consecutive failure;
-errors that retrying cannot fix (history lost with policy ``fail``, refused permissions, another
-deployment's checkpoint, a poison event with policy ``stop``, any other exception from the
-listener), and transient ones past the budget, end the tenure as ``failed``: the runner then
-resigns the lease and says so (:mod:`listeners.runner`). A change event over 16 MB is neither: the
-stream reads on past it without its large fields (:mod:`listeners.large_events`).
+Failure model: the lease may end at any instant, the stream's connection may drop, and the oplog
+may roll past the saved position. So every MongoDB call is bounded by half the renew deadline
+(opening a stream, a read, by ``open_timeout``), ``ctx.check()`` runs before every
+``handle_batch`` and checkpoint write, and a tenure starts by *claiming* the checkpoint (fencing
+it with its token); a claim that finds none when this replica or the lease store's marker
+(:mod:`listeners.checkpoint_marker`) knows one existed applies ``on_history_lost``. Transient
+errors (:func:`singleton.mongo.classify`) are retried in place, from the last checkpoint, with
+backoff, for at most ``failure_budget`` seconds; errors that retrying cannot fix, and transient
+ones past the budget, end the tenure as ``failed`` and the runner resigns the lease and says so
+(:mod:`listeners.runner`). A change event over 16 MB is neither: the stream reads on past it
+without its large fields (:mod:`listeners.large_events`).
 """
 
 from __future__ import annotations
@@ -69,6 +66,8 @@ class TenureSettings:
     clock: Clock
     max_await_time: float
     op_timeout: float
+    #: Opening a stream (a read; the server searches its oplog for the token) may take longer.
+    open_timeout: float
     checkpoint_interval: float
     idle_checkpoint_interval: float
     reconnect_backoff: float
@@ -211,7 +210,7 @@ class TenureWorker:
     def _stream(self, pos: StartPosition) -> StartPosition:
         """Stream until an invalidate (returns where to continue), a drain, or an error."""
         fresh = self._cluster_time() if pos.fresh else None
-        with self._bounded():
+        with pymongo.timeout(self._s.open_timeout):
             opened = self._large.watch(
                 self._s.client, pos, max_await_time=self._s.max_await_time, at_time=fresh
             )
