@@ -20,6 +20,7 @@ from loguru import logger
 from listeners.audit import AuditLog
 from listeners.base import ChangeStreamListener
 from listeners.checkpoint import CheckpointStore, check_deployment
+from listeners.deadletter import DeadLetterStore
 from listeners.runner import ListenerRunner
 from singleton import mongo
 from singleton.abc import LeaseBackend
@@ -188,6 +189,8 @@ class Replica:
         if self.switches.audit_file:
             self._audit = AuditLog(self.switches.audit_file, self.identity)
         timings = self.config.lease.timings()
+        # dead letters live under the namespace, where `singleton dead-letters` looks
+        dead_letters = DeadLetterStore(self.mongo, database=self.config.namespace)
         for listener in self._listeners:
             elector = Elector(
                 self.backend,
@@ -197,7 +200,12 @@ class Replica:
                 unsafe_disable_fencing=unsafe,
             )
             runner = ListenerRunner(
-                listener, elector, self.mongo, checkpoints=self.checkpoints, audit=self._audit
+                listener,
+                elector,
+                self.mongo,
+                checkpoints=self.checkpoints,
+                dead_letters=dead_letters,
+                audit=self._audit,
             )
             self.hosted.append(Hosted(listener.lease_name, elector, runner, listener))
         for h in self.hosted:

@@ -39,3 +39,14 @@ class BrokenListener(RecordingListener):
 
     def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
         raise ValueError("HTTP 400: the sink rejected the whole request (test)")
+
+
+class PoisonedListener(RecordingListener):
+    """Records every event but those of documents marked ``poison``: those fail every time."""
+
+    max_retries = 1
+
+    def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
+        if any((e.get("fullDocument") or {}).get("poison") for e in events):
+            raise ValueError("poisoned document (test)")
+        super().handle_batch(events, ctx)

@@ -5,6 +5,7 @@ both sides named); ``singleton status`` answers within one timeout when MongoDB 
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
@@ -137,3 +138,34 @@ def test_a_redis_checkpoint_store_without_persistence_is_warned_about(redis_url:
     finally:
         logger.remove(sink)
     assert any("keeps nothing on disk" in w and ":***@" not in w for w in warnings), warnings
+
+
+def test_a_replica_dead_letters_under_its_namespace_where_the_cli_finds_them(
+    redis_url: str, mongo_url: str, unique: str, tmp_path: Path
+) -> None:
+    ns, db = f"fs{unique}", f"db{unique}"
+    config = tmp_path / "singleton.toml"
+    config.write_text(
+        f'redis_url = "{redis_url}"\nmongo_url = "{mongo_url}"\nnamespace = "{ns}"\n\n'
+        "[lease]\nttl = 4.0\nrenew_interval = 1.0\nrenew_deadline = 2.5\n\n"
+        '[[listeners]]\nuse = "tests.integration.recording:PoisonedListener"\n'
+        f'name = "orders"\ndatabase = "{db}"\ncollection = "orders"\n'
+    )
+    client: Any = pymongo.MongoClient(mongo_url)
+    proc = ReplicaProc("dl", ["--config", str(config)], tmp_path).start()
+    try:
+
+        def listed() -> bool:
+            client[db].orders.insert_one({"poison": True})
+            out = run_singleton(
+                "dead-letters", "list", "--json", "--config", str(config), "--listener", "orders"
+            )
+            assert out.returncode == 0, out.stderr
+            return len(json.loads(out.stdout)) >= 1
+
+        _until(listed, 60, proc, "a dead letter listed under the namespace")
+        assert client[ns]["dead_letters"].count_documents({}) >= 1
+        assert client["singleton"]["dead_letters"].count_documents({"_id.listener": "orders"}) == 0
+    finally:
+        proc.stop()
+        client.close()
