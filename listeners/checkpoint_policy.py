@@ -120,8 +120,11 @@ class CheckpointPolicy:
             logger.warning("checkpoint reload failed: listener={}: {}", self.name, exc)
 
     def resume_position(self, otherwise: StartPosition) -> StartPosition:
-        """Where a reopened stream continues: the last saved checkpoint (events handled after
-        it are replayed), or ``otherwise`` if none was ever saved."""
+        """Where a reopened stream continues within this tenure: right after the last batch the
+        sink acknowledged, saved or not yet (so a reconnect replays nothing this tenure already
+        delivered), else the last saved checkpoint, else ``otherwise``."""
+        if self._pending is not None and self._pending[0] is not None:
+            return StartPosition(resume_after=self._pending[0])
         return otherwise if self.last is None else StartPosition.of(self.last)
 
     # -- when to save ---------------------------------------------------------------------

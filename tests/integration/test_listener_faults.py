@@ -1,5 +1,5 @@
 """Faults on the stream itself (SecantusDB fail points): dropped connections and resumable errors
-on getMore lose and skip nothing; a permission error fails fast with a clear message."""
+on getMore lose, skip and repeat nothing; a permission error fails fast with a clear message."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def test_stream_faults_lose_nothing(fault: str, faulty_mongo: MongoServer, uniqu
     # No event skipped: the handled sequence, duplicates removed, is the stream's order.
     first_seen = list(dict.fromkeys(k for k in keys if k in set(expected)))
     assert first_seen == expected
+    # A reconnect resumes after the last batch this tenure delivered: it replays none of them.
+    assert len(keys) == len(set(keys)), "a reconnect replayed events the tenure had delivered"
     assert_monotonic(scene.store.accepted)
     status = runner.status()
     assert status.state == "stopped"
