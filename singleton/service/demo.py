@@ -22,6 +22,7 @@ from typing import Any
 from loguru import logger
 
 from singleton.errors import SingletonError
+from singleton.mongo import client as mongo_client
 from singleton.service.cluster import (
     ReplicaProcess,
     Writer,
@@ -107,7 +108,7 @@ def run_demo(
         config_path = root / "singleton.toml"
         _write_config(config_path, redis_srv.url, mongo_srv.url, es_srv.url, backend, duration)
         config = load_config(config_path)
-        client = pymongo.MongoClient(mongo_srv.url, serverSelectionTimeoutMS=5000)
+        client, _ = mongo_client(mongo_srv.url, timeout=5.0, socket_timeout=30.0)
         coll = client[DATABASE][COLLECTION]
         coll.insert_many(
             [{"_id": i, "sku": f"seed-{i}", "qty": i % 7, "v": 0} for i in range(1, 201)]

@@ -277,9 +277,9 @@ cooldown = {t.cooldown}
         """The lease store loses its data: FLUSHALL on Redis, drop the leases collection."""
         assert self.config is not None
         if self.backend_name == "redis":
-            import redis
+            from singleton.backends.redis_client import client_from_url
 
-            client = redis.Redis.from_url(str(self.urls["redis"]))
+            client = client_from_url(str(self.urls["redis"]))
             try:
                 client.flushall()
             finally:

@@ -22,6 +22,7 @@ from typing import Any
 
 from loguru import logger
 
+from singleton.mongo import client as mongo_client
 from singleton.service.cluster import Writer
 from singleton.service.drill import faults as fl
 from singleton.service.drill.cluster import (
@@ -120,8 +121,6 @@ class Drill:
             self.cluster.stop()  # idempotent; covers a failure while starting
 
     def _run(self) -> dict[str, Any]:
-        import pymongo
-
         from listeners.elasticsearch.verify import compare
 
         opts, c = self.opts, self.cluster
@@ -133,7 +132,7 @@ class Drill:
         )
         self.say(f"  workdir {self.workdir}")
         c.start_servers()
-        client: Any = pymongo.MongoClient(c.mongo_url, serverSelectionTimeoutMS=5000)
+        client, _ = mongo_client(c.mongo_url, timeout=5.0, socket_timeout=30.0)
         coll = client[DATABASE][COLLECTION]
         coll.insert_many(
             [{"_id": i, "sku": f"seed-{i}", "qty": i % 7, "v": 0} for i in range(1, 201)]
