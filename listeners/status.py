@@ -148,6 +148,16 @@ class RunnerStatus:
         raise KeyError(key)
 
 
+def sink_error_counts(listener: object) -> dict[str, int]:
+    """The sink's own error counts by kind, read at scrape time from another thread. A listener
+    whose ``stats`` offers ``errors_by_kind()`` reports those (ElasticsearchSync's bulk writer:
+    ``unavailable`` and ``rejected`` requests that raised, items retried (``item_retried``),
+    refused as older (``item_conflict``, harmless: a replay) and ``dead_lettered``); any other
+    listener reports none, and its failures count as ``RunnerStatus.sink_errors``."""
+    by_kind = getattr(getattr(listener, "stats", None), "errors_by_kind", None)
+    return {str(k): int(v) for k, v in by_kind().items()} if callable(by_kind) else {}
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, Timestamp):
         return [int(value.time), int(value.inc)]

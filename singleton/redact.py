@@ -4,7 +4,8 @@ One function, :func:`redact`, used by every layer. For each ``scheme://`` URL in
 the userinfo's password: everything from the first ``:`` of the userinfo to the **last** ``@``
 that is followed by something shaped like a host, so a password holding a raw ``@``, ``%``,
 ``#``, ``/``, ``?`` or a space is hidden whole. A userinfo without ``:`` is taken for a bare
-password. It also hides the values of secret query parameters (``password=``,
+password. It also hides the values of secret query parameters (``password=``, any
+``*_password=`` such as a Sentinel URL's ``sentinel_password=``,
 ``authMechanismProperties=``...). When in doubt it hides more, never less: the test suite
 searches generated passwords (``tests/unit/test_redaction.py``).
 """
@@ -20,7 +21,7 @@ _NEXT_URL = re.compile(r"(?:\n|(?<=[\s'\"(,=])[a-zA-Z][a-zA-Z0-9+.-]*:/{1,2})")
 #: more hosts (MongoDB seed lists), then the end of the authority.
 _HOST_AFTER_AT = re.compile(r"@[A-Za-z0-9._\-\[\]:,%]*(?=$|[/?#\s'\")])")
 _QUERY_SECRETS = re.compile(
-    r"(?P<key>[?&;](?:password|passwd|pwd|api_?key|token|secret|access_?key|"
+    r"(?P<key>[?&;](?:[a-z_]*_)?(?:password|passwd|pwd|api_?key|token|secret|access_?key|"
     r"authMechanismProperties|tlsCertificateKeyFilePassword|sslPassword)=)[^&\s]*",
     re.IGNORECASE,
 )

@@ -2,9 +2,15 @@
 and the service's start-up checks all build theirs here, so they accept the same URLs.
 
 * ``redis://``, ``rediss://`` (TLS), ``unix://``: redis-py's own ``Redis.from_url``.
-* ``redis+sentinel://[[user]:password@]host:port[,host:port...]/<service_name>[/db]``: the
-  master of ``service_name`` as the listed Sentinels report it (``Sentinel.master_for``). The
-  password is the master's (Sentinels are asked without credentials); a port left out is 26379.
+* ``redis+sentinel://[[user]:password@]host:port[,host:port...]/<service_name>[/db][?query]``:
+  the master of ``service_name`` as the listed Sentinels report it (``Sentinel.master_for``). The
+  userinfo is the master's; the Sentinels' own credentials, when they require some, are the
+  query's ``sentinel_username`` / ``sentinel_password`` (without them the Sentinels are asked
+  without credentials). A port left out is 26379.
+* ``rediss+sentinel://...``: the same over TLS, to the Sentinels and to the master alike (a TLS
+  deployment serves both on its TLS ports), with redis-py's ``rediss://`` options in the query:
+  ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``
+  (``none|optional|required``) and ``ssl_check_hostname`` (``true|false``).
 
 Failure model: a Sentinel-managed client asks the Sentinels for the master's address on every
 new connection, and drops a connection that answers ``READONLY`` (a demoted master), so after a
@@ -19,20 +25,34 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote
 
 import redis
 import redis.exceptions as rex
 from redis.backoff import NoBackoff
+from redis.connection import SSLConnection
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from singleton.errors import ConfigurationError
 from singleton.redact import redact
 
-SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
 SENTINEL_SCHEME = "redis+sentinel://"
+SENTINEL_TLS_SCHEME = "rediss+sentinel://"
+SCHEMES = ("redis://", "rediss://", "unix://", SENTINEL_SCHEME, SENTINEL_TLS_SCHEME)
 SENTINEL_PORT = 26379
+#: The query parameters of a Sentinel URL: the Sentinels' credentials, then the TLS options
+#: (``rediss+sentinel://`` only).
+_SENTINEL_AUTH = ("sentinel_username", "sentinel_password")
+_TLS_OPTIONS = (
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+)
+_CERT_REQS = ("none", "optional", "required")
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
 @dataclass(frozen=True)
@@ -44,24 +64,46 @@ class SentinelURL:
     db: int
     username: str | None = field(default=None, repr=False)
     password: str | None = field(default=None, repr=False)
+    sentinel_username: str | None = field(default=None, repr=False)
+    sentinel_password: str | None = field(default=None, repr=False)
+    #: TLS to the Sentinels and the master (``rediss+sentinel://``), with its redis-py options.
+    ssl: bool = False
+    ssl_options: dict[str, Any] = field(default_factory=dict)
+
+    def sentinel_kwargs(self) -> dict[str, Any]:
+        """Connection keywords for the Sentinels: their credentials, TLS."""
+        auth = {"username": self.sentinel_username, "password": self.sentinel_password}
+        return {**{k: v for k, v in auth.items() if v is not None}, **self._tls()}
+
+    def master_kwargs(self) -> dict[str, Any]:
+        """Connection keywords for the master: its db, credentials, TLS."""
+        auth = {"db": self.db, "username": self.username, "password": self.password}
+        return {**auth, **self._tls()}
+
+    def _tls(self) -> dict[str, Any]:
+        return {"ssl": True, **self.ssl_options} if self.ssl else {}
 
 
 def is_sentinel_url(url: str) -> bool:
-    return url.startswith(SENTINEL_SCHEME)
+    return url.startswith((SENTINEL_SCHEME, SENTINEL_TLS_SCHEME))
 
 
 def parse_sentinel_url(url: str) -> SentinelURL:
-    """``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]``, or
-    :class:`ConfigurationError` naming the (redacted) URL and what is wrong with it."""
+    """``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db][?query]`` (or
+    ``rediss+sentinel://``), or :class:`ConfigurationError` naming the (redacted) URL and what
+    is wrong with it."""
 
     def bad(why: str) -> ConfigurationError:
         return ConfigurationError(f"invalid Redis Sentinel URL {redact(url)}: {why}")
 
     if not is_sentinel_url(url):
-        raise bad(f"must start with {SENTINEL_SCHEME}")
-    rest = url[len(SENTINEL_SCHEME) :]
-    if "?" in rest or "#" in rest:
-        raise bad("takes no query or fragment")
+        raise bad(f"must start with {SENTINEL_SCHEME} or {SENTINEL_TLS_SCHEME}")
+    tls = url.startswith(SENTINEL_TLS_SCHEME)
+    rest = url[len(SENTINEL_TLS_SCHEME if tls else SENTINEL_SCHEME) :]
+    if "#" in rest:
+        raise bad("takes no fragment")
+    rest, _, query = rest.partition("?")
+    options = _query(query, tls, bad)
     netloc, slash, path = rest.partition("/")
     userinfo, at, hosts = netloc.rpartition("@")
     username = password = None
@@ -82,7 +124,41 @@ def parse_sentinel_url(url: str) -> SentinelURL:
         if not parts[1].isdigit():
             raise bad(f"db must be a non-negative integer, got {parts[1]!r}")
         db = int(parts[1])
-    return SentinelURL(sentinels, unquote(parts[0]), db, username, password)
+    return SentinelURL(
+        sentinels,
+        unquote(parts[0]),
+        db,
+        username,
+        password,
+        sentinel_username=options.pop("sentinel_username", None) or None,
+        sentinel_password=options.pop("sentinel_password", None) or None,
+        ssl=tls,
+        ssl_options=options,
+    )
+
+
+def _query(query: str, tls: bool, bad: Any) -> dict[str, Any]:
+    """The known parameters of a Sentinel URL's query, their values read (see the module
+    docstring); an unknown, repeated or ill-valued one is an error naming it (not its value,
+    which may be a secret)."""
+    out: dict[str, Any] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key not in (*_SENTINEL_AUTH, *_TLS_OPTIONS):
+            known = ", ".join((*_SENTINEL_AUTH, *_TLS_OPTIONS))
+            raise bad(f"unknown parameter {key!r} (known: {known})")
+        if key in out:
+            raise bad(f"parameter {key!r} given twice")
+        if key in _TLS_OPTIONS and not tls:
+            raise bad(f"{key} needs TLS: use {SENTINEL_TLS_SCHEME}")
+        if key == "ssl_cert_reqs" and value.lower() not in _CERT_REQS:
+            raise bad(f"ssl_cert_reqs must be one of {', '.join(_CERT_REQS)}, got {value!r}")
+        if key == "ssl_check_hostname":
+            if value.lower() not in _BOOLS:
+                raise bad(f"ssl_check_hostname must be true or false, got {value!r}")
+            out[key] = _BOOLS[value.lower()]
+            continue
+        out[key] = value.lower() if key == "ssl_cert_reqs" else value
+    return out
 
 
 def _host_port(part: str, bad: Any) -> tuple[str, int]:
@@ -119,25 +195,54 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
     if is_sentinel_url(url):
         parts = parse_sentinel_url(url)
         sentinel_kwargs = {k: v for k, v in options.items() if k.startswith("socket_")}
+        sentinel_kwargs.update(parts.sentinel_kwargs())
         # A silent Sentinel is skipped for the next one at once: redis-py's default retries
         # (with backoff) per Sentinel would multiply into a lookup of many seconds.
         sentinel_kwargs["retry"] = Retry(NoBackoff(), 0)
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = _Sentinels(  # type: ignore[no-untyped-call]
             parts.sentinels, sentinel_kwargs=sentinel_kwargs
         )
         client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
             parts.service_name,
             redis_class=SentinelMasterRedis,
-            db=parts.db,
-            username=parts.username,
-            password=parts.password,
-            **options,
+            **{**parts.master_kwargs(), **options},
         )
         return client
     try:
         return redis.Redis.from_url(url, **options)
     except (ValueError, TypeError, rex.RedisError) as exc:
         raise ConfigurationError(f"invalid Redis URL {redact(url)}: {redact(str(exc))}") from None
+
+
+class _Sentinels(Sentinel):
+    """redis-py's ``Sentinel``, with a lookup that says why it failed: when every Sentinel
+    refused our credentials it is an ``AuthenticationError`` (a misconfiguration the callers
+    report as refused, not "no master"), and each Sentinel is named by its address only."""
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        errors: list[str] = []
+        refused = 0
+        for i, sentinel in enumerate(self.sentinels):
+            kw = sentinel.connection_pool.connection_kwargs
+            where = f"{kw.get('host')}:{kw.get('port')}"
+            try:
+                masters: Any = sentinel.sentinel_masters()
+                state = masters.get(service_name)
+            except (rex.ConnectionError, rex.TimeoutError) as exc:
+                refused += isinstance(exc, rex.AuthenticationError)
+                errors.append(f"{where}: {type(exc).__name__}: {exc}")
+                continue
+            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+                self.sentinels[0], self.sentinels[i] = sentinel, self.sentinels[0]
+                return state["ip"], state["port"]
+            errors.append(f"{where}: knows no master for it")
+        why = "; ".join(errors)
+        if refused and refused == len(self.sentinels):
+            raise rex.AuthenticationError(
+                "every Sentinel refused the credentials (the URL's sentinel_username / "
+                f"sentinel_password): {why}"
+            )
+        raise MasterNotFoundError(f"No master found for {service_name!r}: {why}")
 
 
 class SentinelMasterRedis(redis.Redis):
@@ -163,7 +268,8 @@ def describe_client(client: redis.Redis) -> str:
             for s in pool.sentinel_manager.sentinels
         )
         db = pool.connection_kwargs.get("db", 0)
-        return f"{SENTINEL_SCHEME}{hosts}/{pool.service_name}/{db}"
+        tls = issubclass(pool.connection_class, SSLConnection)
+        return f"{SENTINEL_TLS_SCHEME if tls else SENTINEL_SCHEME}{hosts}/{pool.service_name}/{db}"
     kw = pool.connection_kwargs
     if "path" in kw:
         return f"unix://{kw['path']}"

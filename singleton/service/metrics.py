@@ -29,6 +29,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 
+from listeners.status import sink_error_counts
 from singleton.errors import SingletonError
 from singleton.latency import LatencySnapshot
 
@@ -52,16 +53,6 @@ STATUS_METRICS = {
         "singleton_checkpoint_age_seconds",
         "Cluster-time seconds between the last checkpoint and the newest event seen",
         _GAUGE,
-    ),
-    ("lease", "sink_errors"): (
-        "singleton_sink_errors",
-        "handle_batch attempts that raised",
-        _COUNTER,
-    ),
-    ("lease", "dead_lettered"): (
-        "singleton_dead_letters",
-        "Events dead-lettered",
-        _COUNTER,
     ),
     ("lease", "listener_failed"): (
         "singleton_listener_failed",
@@ -164,6 +155,18 @@ class ReplicaCollector:
             "Seconds a batch took to deliver to the sink, retries included",
             labels=["lease"],
         )
+        sink_errors = CounterMetricFamily(
+            "singleton_sink_errors",
+            "Sink errors by kind: handle_batch (calls that raised and were retried), and the "
+            "sink's own (ElasticsearchSync: unavailable, rejected, item_retried, item_conflict, "
+            "dead_lettered)",
+            labels=["lease", "kind"],
+        )
+        dead = CounterMetricFamily(
+            "singleton_dead_letters",
+            "Dead letters written: poison events and documents the sink refused for good",
+            labels=["lease"],
+        )
         now = time.time()
         runners: list[tuple[str, Any]] = []
         for h in self.replica.hosted:
@@ -184,10 +187,15 @@ class ReplicaCollector:
             status = h.runner.status()
             runners.append((h.name, status))
             _observe(batch, h.name, status.batch_latency)
+            kinds = sink_error_counts(getattr(h.runner, "listener", None))
+            for kind, n in {"handle_batch": status.sink_errors, **kinds}.items():
+                sink_errors.add_metric([h.name, kind], n)
+            dead.add_metric([h.name], status.dead_lettered + kinds.get("dead_lettered", 0))
             behind = status.lag_seconds(now)
             if behind is not None:
                 lag.add_metric([h.name], behind)
         yield from (leader, token, trans, renew, renew_fail, store_errors, resigned, lag, batch)
+        yield from (sink_errors, dead)
         yield from _status_families("lease", runners)
         jobs = [] if self.replica.jobs is None else self.replica.jobs.status()
         yield from _status_families("job", [(job.name, job) for job in jobs])

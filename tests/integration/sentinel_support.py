@@ -6,6 +6,10 @@ timings (down after 1 s, failover timeout 3 s) so that a failover takes a few se
 replica and the two other Sentinels (before that a failover could not be agreed on), and stops
 them all on exit. :meth:`SentinelGroup.watch_switch` subscribes to ``+switch-master`` *before*
 a fault is injected, so the promotion is waited on as an event, not polled.
+
+``SentinelGroup(master_password=..., sentinel_password=...)`` makes the data nodes and the
+Sentinels require passwords of their own (``requirepass``; the Sentinels authenticate to the data
+nodes with ``auth-pass`` and to each other with ``sentinel-pass``), as a hardened deployment does.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import redis
 
@@ -31,16 +36,32 @@ FAILOVER_TIMEOUT_MS = 3000
 def _pong(host: str, port: int) -> bool:
     with socket.create_connection((host, port), timeout=0.5) as s:
         s.sendall(b"*1\r\n$4\r\nPING\r\n")
-        return s.recv(16).startswith(b"+PONG")
+        # A server that requires a password answers -NOAUTH: it is up all the same.
+        return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
 
 
-class ReplicaRedis(RedisServer):
+class PrimaryRedis(RedisServer):
+    """``redis-server``, requiring ``password`` when one is given."""
+
+    def __init__(self, password: str | None = None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.password = password
+
+    def command(self) -> Sequence[str]:
+        auth = ["--requirepass", self.password, "--masterauth", self.password]
+        return [*super().command(), *(auth if self.password else [])]
+
+    def ready(self) -> bool:
+        return _pong(self.host, self.port)
+
+
+class ReplicaRedis(PrimaryRedis):
     """``redis-server --replicaof`` the primary (no persistence, like the primary)."""
 
     kind = "redis-replica"
 
-    def __init__(self, primary: RedisServer, **kw: Any) -> None:
-        super().__init__(**kw)
+    def __init__(self, primary: PrimaryRedis, **kw: Any) -> None:
+        super().__init__(primary.password, **kw)
         self.primary = primary
 
     def command(self) -> Sequence[str]:
@@ -54,9 +75,10 @@ class SentinelServer(EmbeddedServer):
 
     kind = "sentinel"
 
-    def __init__(self, primary: RedisServer, **kw: Any) -> None:
+    def __init__(self, primary: PrimaryRedis, password: str | None = None, **kw: Any) -> None:
         super().__init__(**kw)
         self.primary = primary
+        self.password = password
         self.binary = shutil.which("redis-server")
 
     def command(self) -> Sequence[str]:
@@ -71,6 +93,11 @@ class SentinelServer(EmbeddedServer):
             f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
         )
+        with conf.open("a") as f:
+            if self.primary.password:
+                f.write(f"sentinel auth-pass {SERVICE} {self.primary.password}\n")
+            if self.password:
+                f.write(f"requirepass {self.password}\nsentinel sentinel-pass {self.password}\n")
         return [self.binary, str(conf), "--sentinel"]
 
     def ready(self) -> bool:
@@ -80,19 +107,36 @@ class SentinelServer(EmbeddedServer):
 class SentinelGroup:
     """Primary, replica and three Sentinels; a context manager."""
 
-    def __init__(self, sentinels: int = 3) -> None:
-        self.primary = RedisServer()
+    def __init__(
+        self,
+        sentinels: int = 3,
+        *,
+        master_password: str | None = None,
+        sentinel_password: str | None = None,
+    ) -> None:
+        self.primary = PrimaryRedis(master_password)
         self.replica = ReplicaRedis(self.primary)
-        self.sentinels = [SentinelServer(self.primary) for _ in range(sentinels)]
+        self.sentinels = [SentinelServer(self.primary, sentinel_password) for _ in range(sentinels)]
         self._clients: list[redis.Redis] = []
 
     @property
     def url(self) -> str:
+        """The group's ``redis+sentinel://`` URL, with both passwords when they are required."""
         hosts = ",".join(f"{s.host}:{s.port}" for s in self.sentinels)
-        return f"redis+sentinel://{hosts}/{SERVICE}"
+        auth = f":{quote(self.primary.password, safe='')}@" if self.primary.password else ""
+        query = ""
+        if self.sentinels[0].password:
+            query = f"?sentinel_password={quote(self.sentinels[0].password, safe='')}"
+        return f"redis+sentinel://{auth}{hosts}/{SERVICE}{query}"
 
     def _client(self, server: EmbeddedServer) -> redis.Redis:
-        client = redis.Redis(server.host, server.port, socket_timeout=2, decode_responses=True)
+        client = redis.Redis(
+            server.host,
+            server.port,
+            password=getattr(server, "password", None),
+            socket_timeout=2,
+            decode_responses=True,
+        )
         self._clients.append(client)
         return client
 

@@ -27,7 +27,12 @@ from singleton.abc import Lease
 from singleton.backends.redis import RedisLeaseBackend
 from singleton.backends.redis_client import client_from_url, parse_sentinel_url
 from singleton.elector import Elector
-from singleton.errors import BackendUnavailableError, ConfigurationError, StaleWriterError
+from singleton.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    PermissionDeniedError,
+    StaleWriterError,
+)
 from singleton.leadership import Leadership
 from singleton.service.config import load_config
 from singleton.service.embedded import free_port, wait_until
@@ -37,6 +42,7 @@ from tests.integration.test_redis_backend import assert_release_observed
 from tests.unit.election_support import captured_logs
 
 SECRET = "s3nt1nel-pa55"
+MASTER_SECRET = "ma5ter-pa55"
 DEPLOYMENT = {"listener": "tests.sentinel", "collection": "shop.orders"}
 
 
@@ -50,6 +56,7 @@ def test_sentinel_url_parts() -> None:
     assert SECRET not in repr(parts)
     bare = parse_sentinel_url(f"redis+sentinel://:{SECRET}@a:1/{SERVICE}")
     assert (bare.username, bare.password, bare.db) == (None, SECRET, 0)
+    assert bare.sentinel_kwargs() == {} and not bare.ssl  # Sentinels asked without credentials
 
 
 @pytest.mark.parametrize(
@@ -62,7 +69,15 @@ def test_sentinel_url_parts() -> None:
         (f"redis+sentinel://:{SECRET}@127.0.0.1,/m", "has no host"),
         (f"redis+sentinel://:{SECRET}@127.0.0.1/m/zero", "db must be"),
         (f"redis+sentinel://:{SECRET}@127.0.0.1/m/0/x", "expected /<service_name>[/db]"),
-        (f"redis+sentinel://:{SECRET}@127.0.0.1/m?db=1", "no query"),
+        (f"redis+sentinel://:{SECRET}@127.0.0.1/m?db=1", "unknown parameter 'db'"),
+        (f"redis+sentinel://:{SECRET}@127.0.0.1/m#x", "no fragment"),
+        ("redis+sentinel://127.0.0.1/m?ssl_ca_certs=/ca.pem", "needs TLS: use rediss+sentinel"),
+        ("rediss+sentinel://127.0.0.1/m?ssl_cert_reqs=maybe", "ssl_cert_reqs must be one of"),
+        ("rediss+sentinel://127.0.0.1/m?ssl_check_hostname=2", "must be true or false"),
+        (
+            f"redis+sentinel://127.0.0.1/m?sentinel_password={SECRET}&sentinel_password=x",
+            "given twice",
+        ),
         (f"sentinel://:{SECRET}@127.0.0.1/m", "not a Redis URL"),
     ],
 )
@@ -154,6 +169,41 @@ def test_owned_client_closes_its_sentinel_connections(group: SentinelGroup, uniq
         wait_until(lambda: askers() == 0, 10, what="the Sentinel connections closed")
     finally:
         probe.close()
+
+
+def test_sentinels_with_a_password_of_their_own(unique: str) -> None:
+    """The data nodes and the Sentinels each require their own password: leases and checkpoints
+    work with both in the URL; without the Sentinels' one no master is found, and neither
+    password is ever shown."""
+    ns = f"t{unique}"
+    with SentinelGroup(master_password=MASTER_SECRET, sentinel_password=SECRET) as group:
+        assert f"sentinel_password={SECRET}" in group.url and MASTER_SECRET in group.url
+        backend = RedisLeaseBackend(group.url, namespace=ns)
+        store = RedisCheckpointStore(group.url, namespace=ns)
+        try:
+            lease = backend.try_acquire("held", "a/1", 30)
+            assert lease is not None
+            master = group.master_client()
+            assert master.get(f"{ns}:lease:held") == f"{lease.token}:a/1"
+            assert store.claim("cp", 7, "a/1", DEPLOYMENT) is None
+            store.save(_checkpoint(7, "a/1", 41))
+            stored = store.load("cp")
+            assert stored is not None and stored.cluster_time == Timestamp(41, 0)
+            for secret in (SECRET, MASTER_SECRET):
+                assert secret not in backend.describe()
+        finally:
+            store.close()
+            backend.close()
+        without = RedisLeaseBackend(
+            group.url.split("?")[0], socket_timeout=1, socket_connect_timeout=1
+        )
+        try:
+            with pytest.raises(PermissionDeniedError) as info:  # refused: fatal, not "no master"
+                without.try_acquire("held", "b/1", 30)
+            assert "every Sentinel refused the credentials" in str(info.value)
+            assert SECRET not in str(info.value) and MASTER_SECRET not in str(info.value)
+        finally:
+            without.close()
 
 
 def test_checkpoint_store_round_trip_and_persistence_warning(
@@ -270,10 +320,12 @@ class Replica:
         self.backend.close()
 
 
-def test_failover_keeps_one_leader_per_token_and_every_acknowledged_checkpoint() -> None:
+@pytest.mark.parametrize("auth", [False, True], ids=["open", "passwords"])
+def test_failover_keeps_one_leader_per_token_and_every_acknowledged_checkpoint(auth: bool) -> None:
     ns = f"t{uuid.uuid4().hex[:12]}"
     tenures: list[Tenure] = []
-    with SentinelGroup() as group:
+    passwords = {"master_password": MASTER_SECRET, "sentinel_password": SECRET} if auth else {}
+    with SentinelGroup(**passwords) as group:
         replicas = [Replica(name, group.url, ns, tenures) for name in ("a", "b")]
         try:
             for r in replicas:

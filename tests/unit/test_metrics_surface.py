@@ -4,6 +4,7 @@ replica serves."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import urllib.request
@@ -13,14 +14,17 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
+from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkWriter
 from listeners.status import RunnerStatus
+from singleton.errors import SinkRejectedError, SinkUnavailableError
 from singleton.health import ElectorStats
 from singleton.service.metrics import MetricsServer
+from tests.unit.test_es_bulk import Scripted, items, whole
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _replica() -> Any:
+def _replica(listener: Any = None, **counters: int) -> Any:
     """A leading replica's collector inputs, with every optional value known."""
     status = RunnerStatus(
         "orders",
@@ -30,16 +34,16 @@ def _replica() -> Any:
         last_checkpoint_cluster_time=Timestamp(1_700_000_000, 1),
         last_seen_cluster_time=Timestamp(1_700_000_010, 1),
         last_batch_seconds=0.05,
+        **counters,
     )
     elector = SimpleNamespace(leadership=SimpleNamespace(token=7), stats=ElectorStats())
-    hosted = SimpleNamespace(
-        name="orders", elector=elector, runner=SimpleNamespace(status=lambda: status)
-    )
+    runner = SimpleNamespace(status=lambda: status, listener=listener)
+    hosted = SimpleNamespace(name="orders", elector=elector, runner=runner)
     return SimpleNamespace(hosted=[hosted], jobs=None, started_at=1.0, problems=list)
 
 
-def _scrape(accept: str) -> tuple[str, str]:
-    server = MetricsServer(_replica(), "127.0.0.1:0").start()
+def _scrape(accept: str, replica: Any = None) -> tuple[str, str]:
+    server = MetricsServer(replica or _replica(), "127.0.0.1:0").start()
     try:
         request = urllib.request.Request(f"{server.url}/metrics", headers={"Accept": accept})
         with urllib.request.urlopen(request, timeout=5) as reply:
@@ -64,3 +68,36 @@ def test_the_dashboard_and_the_alerts_read_only_served_metrics() -> None:
     exprs.append((ROOT / "deploy" / "alerts.yml").read_text())
     wanted = {name for expr in exprs for name in re.findall(r"singleton_[a-z_]+", expr)}
     assert wanted and wanted <= served, sorted(wanted - served)
+
+
+def test_sink_errors_are_served_by_kind() -> None:
+    """What the bulk writer counted (driven through its real error paths) is served per kind
+    beside the runner's own count, and the sink's dead letters add to the runner's."""
+    transport = Scripted(
+        items(409, "version_conflict_engine_exception"),  # 3 items already newer
+        items(400, "mapper_parsing_exception"),  # 3 dead letters
+        items(429),  # 3 items to retry, past retry_timeout: unavailable
+        whole(403),  # the whole request refused: rejected
+    )
+    limits = BulkLimits(100, 10**6, 1.0, 1, 0.001, 0.002, retry_timeout=0.0)
+    writer = BulkWriter(transport, limits, on_dead=lambda letters: None)
+    for _ in range(4):
+        batch = [BulkItem("index", "i", str(k), 1, b"{}") for k in range(3)]
+        with contextlib.suppress(SinkUnavailableError, SinkRejectedError):
+            writer.send(batch, lambda: None, lambda seconds: False)
+    listener = SimpleNamespace(stats=writer.stats)
+    _, body = _scrape("text/plain", _replica(listener, sink_errors=2, dead_lettered=1))
+    pattern = r'^singleton_sink_errors_total\{kind="(\w+)",lease="orders"\} (\S+)$'
+    got = {kind: float(n) for kind, n in re.findall(pattern, body, re.MULTILINE)}
+    assert got == {
+        "handle_batch": 2.0,
+        "unavailable": 1.0,
+        "rejected": 1.0,
+        "item_retried": 3.0,
+        "item_conflict": 3.0,
+        "dead_lettered": 3.0,
+    }, body
+    assert 'singleton_dead_letters_total{lease="orders"} 4.0' in body
+    _, plain = _scrape("text/plain")  # a listener without sink stats: the runner's count only
+    assert 'singleton_sink_errors_total{kind="handle_batch",lease="orders"} 0.0' in plain
+    assert 'kind="unavailable"' not in plain

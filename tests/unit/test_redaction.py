@@ -2,7 +2,8 @@
 printable characters, written into URLs raw or percent-encoded, checked against every channel
 that can show a URL: ``redact`` itself, the exit-2 message, ``Config.redacted()`` (what status and
 logs show of the configuration), a lease backend's description (in every log line about it) and
-the JSON log format."""
+the JSON log format. The URLs include Redis Sentinel's, whose Sentinels have a password of their
+own (``sentinel_password=``)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ TEMPLATES = (
     # a query value is always percent-encoded: a raw '&' there would start another parameter
     "mongodb://app:{p}@db.internal/?authMechanismProperties=AWS_SESSION_TOKEN:{q}",
     "https://elastic:{p}@search.internal:9200",
+    # Redis behind Sentinel: the master's password, the Sentinels' own (a query value), TLS
+    "redis+sentinel://:{p}@s1.internal:26379,s2.internal/mymaster/0?sentinel_password={q}",
+    "rediss+sentinel://app:{p}@s1.internal:26379/mymaster?sentinel_username=sen&"
+    "sentinel_password={q}&ssl_ca_certs=/etc/ca.pem&ssl_cert_reqs=required",
+    "redis+sentinel://s1.internal:26379/mymaster?sentinel_username=sen&sentinel_password={q}",
 )
 ENCODINGS = (lambda p: p, quote, quote_plus)
 
