@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args
 
 from loguru import logger as _logger
 
+from listeners.partition import Partition
 from singleton.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 
 #: A change event as pymongo returns it (``_id`` is the event's resume token).
 ChangeEvent = Mapping[str, Any]
+#: A position the sink acknowledged: the resume token after a batch, and that batch (its last
+#: event gives the position's cluster time).
+Acknowledged = tuple[Any, Sequence[ChangeEvent]]
 
 HistoryLostPolicy = Literal["fail", "resync", "resume_from_now"]
 PoisonPolicy = Literal["dead_letter", "stop"]
@@ -122,6 +126,9 @@ class ChangeStreamListener:
     on_history_lost: HistoryLostPolicy = "fail"
     on_poison: PoisonPolicy = "dead_letter"
     max_retries: int = 3
+    #: Set by the service for ``partitions = K``: this instance handles one partition's events
+    #: (:mod:`listeners.partition`) under its own lease and checkpoint.
+    partition: Partition | None = None
 
     #: Keyword arguments accepted besides the options above (subclasses extend it).
     extra_options: ClassVar[frozenset[str]] = frozenset()
@@ -181,9 +188,9 @@ class ChangeStreamListener:
 
     @property
     def lease_name(self) -> str:
-        """The lease and checkpoint key."""
+        """The lease and checkpoint key: ``name``, or ``name.<i>-of-<K>`` for a partition."""
         assert self.name is not None
-        return self.name
+        return self.name if self.partition is None else self.partition.lease_name(self.name)
 
     def deployment(self) -> dict[str, str]:
         """What this listener's checkpoint is for, recorded with it (``CheckpointStore.claim``):
@@ -207,6 +214,24 @@ class ChangeStreamListener:
         """Process ``events`` (oplog order). Return only when they are durably handled: the
         runner checkpoints past them as soon as this returns. Raise to have the batch retried."""
         raise NotImplementedError(f"{type(self).__name__} must implement handle_batch()")
+
+    # -- pipelining (optional) ---------------------------------------------------------------
+    # A sink that keeps writes in flight after handle_batch returned (ElasticsearchSync's
+    # window) overrides both; the runner then checkpoints only what they report
+    # (listeners.pipelining). The invariant stays: a position is saved only once the sink
+    # acknowledged every event before it.
+    def acknowledged(self, token: Any, batch: Sequence[ChangeEvent]) -> Acknowledged | None:
+        """Called by the runner right after ``handle_batch(batch)`` returned on the stream
+        (``token``: the position after ``batch``). Return the newest position whose every
+        earlier event the sink acknowledged (``None``: nothing new). Default: all of it."""
+        return token, batch
+
+    def flush(self, ctx: ListenerContext) -> Acknowledged | None:
+        """Wait until everything handed to ``handle_batch`` is acknowledged and return the
+        newest position (``None``: nothing new); raise as ``handle_batch`` would. The runner
+        calls it before it saves an idle position, on a handover, before an invalidate and
+        when a stream (re)opens."""
+        return None
 
     # -- optional hooks ----------------------------------------------------------------------
     def on_start(self, ctx: ListenerContext) -> None:

@@ -8,6 +8,7 @@ Redis hash per listener (Lua scripts).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -187,6 +188,11 @@ class MongoCheckpointStore(CheckpointStore):
         with mongo.translate(f"delete checkpoint {name!r}"):
             self._coll.delete_one({"_id": name})
 
+    def names(self, prefix: str) -> list[str]:
+        with mongo.translate(f"list checkpoints {prefix!r}"):
+            ids = self._coll.distinct("_id", {"_id": {"$regex": "^" + re.escape(prefix)}})
+        return sorted(str(i) for i in ids)
+
     def close(self) -> None:
         if self._owned:
             self._client.close()
@@ -241,6 +247,11 @@ local out = redis.call('HGETALL', KEYS[1])
 table.insert(out, 1, 'ok')
 return out
 """
+
+
+def _glob(text: str) -> str:
+    """``text`` with Redis glob characters escaped."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def _text(value: bytes | str) -> str:
@@ -369,6 +380,12 @@ class RedisCheckpointStore(CheckpointStore):
     def delete(self, name: str) -> None:
         with redis_translate(f"delete checkpoint {name!r}"):
             self._client.delete(self._key(name))
+
+    def names(self, prefix: str) -> list[str]:
+        start = len(self._key(""))
+        with redis_translate(f"list checkpoints {prefix!r}"):
+            keys = self._client.scan_iter(match=self._key(_glob(prefix)) + "*", count=500)
+            return sorted(_text(k)[start:] for k in keys)
 
     def close(self) -> None:
         if self._owned:

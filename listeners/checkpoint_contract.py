@@ -119,6 +119,10 @@ class CheckpointStore(ABC):
         """Forget ``name`` entirely (tests and operators; not fenced)."""
         raise NotImplementedError
 
+    def names(self, prefix: str) -> list[str]:
+        """The names with a record that start with ``prefix``, sorted (for partition layouts)."""
+        raise NotImplementedError
+
     def close(self) -> None:  # noqa: B027 - optional: only stores that own a client close it
         """Close the client if this store created it."""
 

@@ -150,16 +150,30 @@ class StreamReader:
         bounded: Callable[[], contextlib.AbstractContextManager[None]],
     ) -> None:
         self._stream = stream
+        self._partition = listener.partition
         self._batch_size = listener.batch_size
         self._max_wait = listener.max_batch_wait
         self._clock = clock
         self._bounded = bounded
         self._batch: list[ChangeEvent] = []
         self._first_at = 0.0
+        self._skips = 0
 
     @property
     def resume_token(self) -> Any:
         return self._stream.resume_token
+
+    def _skipped(self, now: float) -> Step | None:
+        """After an event of another partition: hand over a batch that waited long enough, and
+        let the position move past a long run of others' events (as if caught up), so that a
+        quiet partition of a busy stream still checkpoints."""
+        if self._batch and now - self._first_at >= self._max_wait:
+            return Step("full", self.resume_token, self.in_hand())
+        self._skips += 1
+        if not self._batch and self._skips >= self._batch_size:
+            self._skips = 0
+            return Step("idle", self.resume_token, [])
+        return None
 
     def in_hand(self) -> list[ChangeEvent]:
         """Take the events read but not yet handed out (a drain delivers them)."""
@@ -179,6 +193,8 @@ class StreamReader:
         if event.get("operationType") == "invalidate":
             batch = self.in_hand()
             return Step("invalidate", batch[-1]["_id"] if batch else None, batch, event)
+        if self._partition is not None and not self._partition.owns(event):
+            return self._skipped(now)  # another partition's
         if not self._batch:
             self._first_at = now
         self._batch.append(event)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from singleton.errors import ConfigurationError
@@ -55,6 +55,57 @@ class FireClaim:
     fire_ms: int
     token: int
     holder: str
+
+
+@dataclass(frozen=True)
+class Member:
+    """One live member: its ``identity``, the seconds its heartbeat has left on the store's
+    clock, and the ``info`` it published with it (values as strings)."""
+
+    identity: str
+    ttl_remaining: float
+    info: Mapping[str, str] = field(default_factory=dict)
+
+
+class Membership(ABC):
+    """Heartbeats and the live set of a group, on the store's clock.
+
+    Invariants every implementation keeps (````tests/integration/test_membership.py```` checks
+    them against each store):
+
+    * **Liveness by the store's clock.** A member is live from a :meth:`heartbeat` until ``ttl``
+      seconds after its latest one, measured by the store, or until it :meth:`leave` s.
+    * **One atomic write.** A heartbeat (record, expiry and ``info`` together) is one atomic
+      step; readers never see a member without its ``info``.
+    * **Unknown outcomes are errors**, translated into :mod:`singleton.errors`, as for leases.
+    * **Garbage goes by itself.** Expired members are pruned by the store or by later
+      heartbeats; nothing needs a janitor.
+    """
+
+    @abstractmethod
+    def heartbeat(
+        self, group: str, identity: str, ttl: float, info: Mapping[str, str | int]
+    ) -> None:
+        """Mark ``identity`` live in ``group`` for ``ttl`` seconds from now (store time), with
+        ``info`` replacing what it published before."""
+
+    @abstractmethod
+    def members(self, group: str) -> list[Member]:
+        """The live members of ``group``, sorted by identity."""
+
+    @abstractmethod
+    def leave(self, group: str, identity: str) -> None:
+        """Drop ``identity`` from ``group`` now (a clean stop), so the others rebalance at once."""
+
+
+def validate_heartbeat(
+    group: str, identity: str, ttl: float, info: Mapping[str, str | int]
+) -> dict[str, str]:
+    """Check :meth:`Membership.heartbeat`'s arguments before any I/O; ``info`` as strings."""
+    validate_lease_args(group, identity, ttl)
+    if "\n" in identity:
+        raise ConfigurationError(f"member identity must be one line, got {identity!r}")
+    return validate_facts(group, info) if info else {}
 
 
 HOLDER_SEPARATOR = "/"
@@ -190,6 +241,11 @@ class LeaseBackend(ABC):
             return lease
         return self.inspect(name)
 
+    def membership(self) -> Membership:
+        """Heartbeats and live members (:mod:`singleton.membership`) on this backend's own
+        client and clock; for spreading leases over replicas (:mod:`singleton.balance`)."""
+        raise ConfigurationError(f"{type(self).__name__} keeps no membership")
+
     def describe(self) -> str:
         """A short description for logs, with any credentials redacted."""
         return type(self).__name__
@@ -227,14 +283,14 @@ def validate_facts(name: str, facts: Mapping[str, str | int]) -> dict[str, str]:
     if not isinstance(facts, Mapping) or not facts:
         raise ConfigurationError(f"facts must be a non-empty mapping, got {facts!r}")
     fields: dict[str, str] = {}
-    for field, value in facts.items():
-        if not isinstance(field, str) or not field or "." in field or field.startswith("$"):
+    for key, value in facts.items():
+        if not isinstance(key, str) or not key or "." in key or key.startswith("$"):
             raise ConfigurationError(
-                f"fact names must be non-empty strings without '.' or a leading '$', got {field!r}"
+                f"fact names must be non-empty strings without '.' or a leading '$', got {key!r}"
             )
         if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise ConfigurationError(f"fact {field!r} must be a str or an int, got {value!r}")
-        fields[field] = str(value)
+            raise ConfigurationError(f"fact {key!r} must be a str or an int, got {value!r}")
+        fields[key] = str(value)
     return fields
 
 

@@ -37,6 +37,13 @@ class BeforeRelease(Protocol):
     def __call__(self, leadership: Leadership, /) -> None: ...
 
 
+class OnReleased(Protocol):
+    """The ended tenure's lease was given back (``released``: the store confirmed it), or the
+    call failed and the lease will expire (``released`` False)."""
+
+    def __call__(self, leadership: Leadership, released: bool, /) -> None: ...
+
+
 class Subscribers(TypedDict, total=False):
     """The callbacks one subscription adds, each optional (``None`` adds nothing)."""
 
@@ -44,6 +51,7 @@ class Subscribers(TypedDict, total=False):
     on_lost: OnLost | None
     on_new_leader: OnNewLeader | None
     before_release: BeforeRelease | None
+    on_released: OnReleased | None
 
 
 class Callbacks:
@@ -53,7 +61,8 @@ class Callbacks:
         self._name = name
         self._lock = threading.Lock()
         self._lists: dict[str, list[Any]] = {
-            kind: [] for kind in ("on_elected", "on_lost", "on_new_leader", "before_release")
+            kind: []
+            for kind in ("on_elected", "on_lost", "on_new_leader", "before_release", "on_released")
         }
 
     def add(self, **subscribers: Unpack[Subscribers]) -> None:
@@ -78,6 +87,9 @@ class Callbacks:
 
     def before_release(self, leadership: Leadership) -> None:
         self._fire("before_release", leadership)
+
+    def released(self, leadership: Leadership, released: bool) -> None:
+        self._fire("on_released", leadership, released)
 
     def _fire(self, kind: str, *args: Any) -> None:
         with self._lock:

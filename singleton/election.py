@@ -32,6 +32,7 @@ from typing import Protocol
 from loguru import logger
 
 from singleton.abc import HOLDER_SEPARATOR, Lease, LeaseBackend, LeaseState, identity_of
+from singleton.balance import Gate
 from singleton.callbacks import Callbacks
 from singleton.clock import Clock
 from singleton.errors import ConfigurationError, SingletonError
@@ -68,6 +69,7 @@ class Election:
         run_bounded: RunBounded,
         changed: Callable[[], None],
         fenced: bool = True,
+        gate: Gate | None = None,
     ) -> None:
         self.backend = backend
         self.name = name
@@ -81,6 +83,7 @@ class Election:
         self._run_bounded = run_bounded
         self._changed = changed
         self._fenced = fenced
+        self._gate = gate
         self._lock = threading.Lock()
         self._holder = self._new_holder()
         self._leadership: Leadership | None = None
@@ -189,14 +192,27 @@ class Election:
             return
         if ld.valid():
             self._handover(ld, "stopped", release=release)
-        else:
-            self._demote(ld, "expired")
+            return
+        self._demote(ld, "expired")
+        if release:  # the store may keep it a little longer than our deadline: give it back
+            self._release(ld)
 
     # -- states -------------------------------------------------------------------------------
     def _contend(self) -> float:
         now = self._clock.monotonic()
         if now < self._cooldown_until:
             return self._cooldown_until - now
+        if self._gate is not None:  # a balancer may ask us to leave this lease to others
+            wait = self._gate.gate(self.name)
+            if wait > 0:
+                return wait
+        try:
+            return self._attempt()
+        finally:
+            if self._gate is not None:  # after _elected: a won lease already counts as held
+                self._gate.done(self.name)
+
+    def _attempt(self) -> float:
         sent = self._clock.monotonic()
         try:
             result = self.backend.contend(self.name, self._holder, self.timings.ttl)
@@ -291,21 +307,21 @@ class Election:
         self._callbacks.elected(ld)
 
     def _handover(self, ld: Leadership, reason: str, release: bool = True) -> None:
-        """Planned end of a tenure: drain while still valid, stop acting, then release."""
-        drained = True
+        """Planned end of a tenure: drain while still valid, stop acting, then release.
+
+        The drain is bounded (``release_timeout``) and the lease is released whether or not it
+        finished: a planned handover never leaves its lease to expire (only ``release=False``
+        does). The demotion comes first, so work still running after the bound fails its next
+        ``check()``, its checkpoint writes are refused once the successor claims, and the
+        successor replays what was not acknowledged (the sink's versions make that harmless).
+        """
         if self._callbacks.drains and ld.valid():
             self._renew(ld)  # a fresh deadline for the drain
-            drained = ld.valid() and self._drain(ld)
+            if ld.valid():
+                self._drain(ld)
         self._demote(ld, reason)
-        if not (release and drained):
-            if release:
-                logger.warning(
-                    "not releasing: lease={} token={}: drain did not finish; it will expire",
-                    self.name,
-                    ld.token,
-                )
-            return
-        self._release(ld)
+        if release:
+            self._release(ld)
 
     def _release(self, ld: Leadership) -> None:
         """Release an ended tenure's lease; a failure only means it will expire instead."""
@@ -319,6 +335,7 @@ class Election:
                 self.backend.describe(),
                 self.health.last_error,
             )
+            self._callbacks.released(ld, False)
             return
         self.health.answered()
         logger.info(
@@ -328,12 +345,14 @@ class Election:
             ld.token,
             released,
         )
+        self._callbacks.released(ld, released)
 
     def _drain(self, ld: Leadership) -> bool:
         timeout = self.timings.release_timeout
         if not self._run_bounded(lambda: self._callbacks.before_release(ld), timeout):
-            logger.error(
-                "before_release did not finish within {}s: lease={} token={}",
+            logger.warning(
+                "before_release did not finish within {}s, releasing anyway (the successor"
+                " replays what was not acknowledged): lease={} token={}",
                 timeout,
                 self.name,
                 ld.token,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from loguru import logger
 
 from singleton.abc import HOLDER_SEPARATOR, LeaseBackend
+from singleton.balance import Gate
 from singleton.callbacks import (
     BeforeRelease,
     Callbacks,
@@ -89,6 +90,8 @@ class Elector:
     ``timings``. With ``max_tenure`` set, the leader hands over voluntarily after about that
     long, then sits out ``cooldown`` (default ``retry_interval``) so that another replica takes
     over. ``jitter`` spreads retries and tenures by that fraction; ``seed`` makes it repeatable.
+    ``gate`` (a :class:`singleton.balance.Balancer`) is asked before every attempt to acquire
+    (a positive answer is the seconds to wait instead) and told when the attempt returned.
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class Elector:
         jitter: float = 0.1,
         seed: int | None = None,
         unsafe_disable_fencing: bool = False,
+        gate: Gate | None = None,
     ) -> None:
         _check_arguments(name, identity, jitter)
         t = timings or LeaseTimings.of(
@@ -149,6 +153,7 @@ class Elector:
         self._release_on_stop = True
         self._threads: list[threading.Thread] = []
         self._started = False
+        self._gate = gate
         self._election = self._new_election(t, jitter, seed, fenced=not unsafe_disable_fencing)
 
     # -- public API -----------------------------------------------------------------------
@@ -345,6 +350,7 @@ class Elector:
             run_bounded=self._run_bounded,
             changed=self._changed,
             fenced=fenced,
+            gate=self._gate,
         )
 
     def _changed(self) -> None:

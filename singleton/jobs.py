@@ -33,6 +33,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from loguru import logger
 
 from singleton.abc import LeaseBackend
+from singleton.balance import Gate
 from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.elector import Elector, default_identity
 from singleton.errors import ConfigurationError, SingletonError
@@ -69,8 +70,10 @@ class LeaderScheduler:
         workers: int = 10,
         keep: int = KEEP_CLAIMS,
         max_failure_cooldown: float = 300.0,
+        gate: Gate | None = None,
     ) -> None:
         self.backend = backend
+        self._gate = gate
         self.identity = identity or default_identity()
         self.timings = timings or LeaseTimings.of(ttl)
         self.keep = keep
@@ -116,7 +119,12 @@ class LeaderScheduler:
         if trigger == "interval":
             trigger_args.setdefault("start_date", ANCHOR)
         elector = Elector(
-            self.backend, name, identity=self.identity, timings=self.timings, clock=self._clock
+            self.backend,
+            name,
+            identity=self.identity,
+            timings=self.timings,
+            clock=self._clock,
+            gate=self._gate,
         )
         base = max(self.timings.ttl, 1.0)
         job = JobState(

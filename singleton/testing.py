@@ -25,6 +25,7 @@ from singleton.abc import (
 )
 from singleton.backends._notify import ReleaseNotifier
 from singleton.clock import SYSTEM_CLOCK, Clock
+from singleton.membership import MemoryMembership
 
 
 class FakeClock:
@@ -74,6 +75,7 @@ class MemoryLeaseBackend(LeaseBackend):
         self._facts: dict[str, dict[str, str]] = {}
         self._fires: dict[str, list[FireClaim]] = {}
         self._notifier = ReleaseNotifier()
+        self._membership = MemoryMembership(self.clock)
         #: Every operation, for tests that count round trips: (operation, name).
         self.calls: list[tuple[str, str]] = []
 
@@ -196,3 +198,8 @@ class MemoryLeaseBackend(LeaseBackend):
             self._counters.clear()
             self._facts.clear()
             self._fires.clear()
+        self._membership.reset()
+
+    def membership(self) -> MemoryMembership:
+        """One :class:`MemoryMembership` per backend, on the same clock."""
+        return self._membership

@@ -59,6 +59,7 @@ from singleton.abc import (
 )
 from singleton.backends._base import ServerLeaseBackend
 from singleton.backends._notify import ReleaseFeed
+from singleton.backends.members import MongoMembership
 from singleton.errors import BackendError, ConfigurationError
 from singleton.mongo import classify, client, translate
 from singleton.redact import redact
@@ -290,6 +291,11 @@ class MongoLeaseBackend(ServerLeaseBackend):
             FireClaim(int(c["fire"]), int(c["token"]), str(c["holder"]))
             for c in (doc or {}).get("fires") or []
         ]
+
+    def membership(self) -> MongoMembership:
+        wc = self._coll.write_concern  # majority, like the leases
+        members = self._coll.database.get_collection(f"{self.collection}.members", write_concern=wc)
+        return MongoMembership(members, self._translate)
 
     def describe(self) -> str:
         return f"mongo {self._url} {self.database}.{self.collection}"

@@ -53,6 +53,7 @@ from singleton.abc import (
 )
 from singleton.backends._base import ServerLeaseBackend
 from singleton.backends._notify import ReleaseFeed
+from singleton.backends.members import RedisMembership
 from singleton.backends.redis_client import client_from_url, describe_client
 from singleton.errors import (
     BackendError,
@@ -315,6 +316,9 @@ class RedisLeaseBackend(ServerLeaseBackend):
             fire, token, holder = _text(entry).split(":", 2)
             out.append(FireClaim(int(fire), int(token), holder))
         return out
+
+    def membership(self) -> RedisMembership:
+        return RedisMembership(self._client, self.namespace, self._translate)
 
     def describe(self) -> str:
         return f"redis {self._url} namespace={self.namespace}"

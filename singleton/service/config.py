@@ -31,7 +31,6 @@ Environment: ``SINGLETON_<KEY>`` for top-level keys, ``SINGLETON_<TABLE>__<KEY>`
 
 from __future__ import annotations
 
-import difflib
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -41,6 +40,17 @@ from typing import Any
 from singleton.backends import redis_client
 from singleton.errors import ConfigurationError
 from singleton.redact import redact
+from singleton.service.config_tables import (
+    JobConfig as JobConfig,
+)
+from singleton.service.config_tables import (
+    ListenerConfig as ListenerConfig,
+)
+from singleton.service.config_tables import (
+    _suggest,
+    job_config,
+    listener_config,
+)
 from singleton.timings import LeaseTimings
 
 if sys.version_info >= (3, 11):
@@ -102,75 +112,6 @@ class LeaseConfig:
 
 
 @dataclass(frozen=True)
-class ListenerConfig:
-    use: str
-    options: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class JobConfig:
-    """A ``[[jobs]]`` table: a leader-only scheduled job (see :mod:`singleton.jobs`)."""
-
-    use: str
-    name: str
-    every: float | None = None
-    cron: str | None = None
-    coalesce: bool = False
-    misfire_grace: float = 30.0
-    #: Consecutive calls that raise before the tenure fails (0: never).
-    max_failures: int = 0
-    #: APScheduler's max_instances: calls of this job that may run at once.
-    max_instances: int = 1
-
-
-#: key -> (types, rule); ``use`` and ``name`` are checked apart.
-_JOB_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
-    "use": ((str,), "a 'pkg.module:function'"),
-    "name": ((str,), "a non-empty lease name"),
-    "every": ((int, float), "a positive number of seconds"),
-    "cron": ((str,), "a crontab of 5 fields"),
-    "coalesce": ((bool,), "true or false"),
-    "misfire_grace": ((int, float), "a positive number of seconds"),
-    "max_failures": ((int,), "an integer >= 0"),
-    "max_instances": ((int,), "an integer >= 1"),
-}
-
-
-def _job_config(i: int, table: Mapping[str, Any]) -> JobConfig:
-    """Check one ``[[jobs]]`` table, naming the key, the value and the rule."""
-    from singleton.jobs_context import make_trigger
-
-    for key, value in table.items():
-        if key not in _JOB_KEYS:
-            raise ConfigurationError(f"unknown key jobs[{i}].{key}{_suggest(key, _JOB_KEYS)}")
-        types, rule = _JOB_KEYS[key]
-        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
-            raise ConfigurationError(f"jobs[{i}].{key} must be {rule}, got {value!r}")
-    for key in ("use", "name"):
-        if not table.get(key):
-            raise ConfigurationError(
-                f"jobs[{i}].{key} must be {_JOB_KEYS[key][1]}, got {table.get(key)!r}"
-            )
-    if ":" not in table["use"]:
-        raise ConfigurationError(
-            f"jobs[{i}].use must be a 'pkg.module:function', got {table['use']!r}"
-        )
-    values: dict[str, Any] = {
-        k: float(v) if k in ("every", "misfire_grace") else v for k, v in table.items()
-    }
-    job = JobConfig(**values)
-    try:
-        make_trigger(job.every, job.cron)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"jobs[{i}] ({job.name}): {exc}") from None
-    for key, least in (("misfire_grace", 0), ("max_failures", 0), ("max_instances", 1)):
-        value = getattr(job, key)
-        if value < least or (key == "misfire_grace" and value == 0):
-            raise ConfigurationError(f"jobs[{i}].{key} must be {_JOB_KEYS[key][1]}, got {value!r}")
-    return job
-
-
-@dataclass(frozen=True)
 class Config:
     backend: str = "redis"
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -185,6 +126,8 @@ class Config:
     log_format: str = "text"
     log_level: str = "INFO"
     shutdown_timeout: float = 10.0
+    #: Spread leases over the live replicas (singleton.balance); false: every replica contends.
+    balance: bool = True
     lease: LeaseConfig = field(default_factory=LeaseConfig)
     listeners: tuple[ListenerConfig, ...] = ()
     jobs: tuple[JobConfig, ...] = ()
@@ -201,7 +144,7 @@ class Config:
             elif f.name == "lease":
                 value = {lf.name: getattr(value, lf.name) for lf in fields(value)}
             elif f.name == "listeners":
-                value = [{"use": lc.use, **lc.options} for lc in value]
+                value = [lc.as_table() for lc in value]
             elif f.name == "jobs":
                 value = [{jf.name: getattr(jc, jf.name) for jf in fields(jc)} for jc in value]
             out[f.name] = value
@@ -222,19 +165,22 @@ _TOP_TYPES: dict[str, tuple[type, ...]] = {
     "log_format": (str,),
     "log_level": (str,),
     "shutdown_timeout": (float,),
+    "balance": (bool,),
 }
 _LEASE_TYPES: dict[str, tuple[type, ...]] = {f.name: (float,) for f in fields(LeaseConfig)}
 _TABLES = {"lease": _LEASE_TYPES}
 
 
-def _suggest(key: str, known: Any) -> str:
-    near = difflib.get_close_matches(key, list(known), n=1)
-    return f" (did you mean {near[0]!r}?)" if near else ""
-
-
 def _coerce(where: str, value: Any, types: tuple[type, ...], from_text: bool) -> Any:
     if value is None:
         return None
+    if bool in types:
+        text = str(value).lower() if from_text else value
+        if text in (True, "true", "1", "yes"):
+            return True
+        if text in (False, "false", "0", "no"):
+            return False
+        raise ConfigurationError(f"{where} must be true or false, got {value!r}")
     if float in types:
         if from_text and isinstance(value, str):
             try:
@@ -324,12 +270,8 @@ def build_config(merged: Mapping[str, Any]) -> Config:
     lease.timings()
     listeners = []
     for i, table in enumerate(merged.get("listeners", [])):
-        use = table.get("use")
-        if not isinstance(use, str) or not use:
-            raise ConfigurationError(f"listeners[{i}].use must name a listener, got {use!r}")
-        options = {k: v for k, v in table.items() if k != "use"}
-        listeners.append(ListenerConfig(use, options))
-    jobs = tuple(_job_config(i, table) for i, table in enumerate(merged.get("jobs", [])))
+        listeners.append(listener_config(i, table))
+    jobs = tuple(job_config(i, table) for i, table in enumerate(merged.get("jobs", [])))
     names = [job.name for job in jobs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

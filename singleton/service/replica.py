@@ -21,9 +21,12 @@ from listeners.audit import AuditLog
 from listeners.base import ChangeStreamListener
 from listeners.checkpoint import CheckpointStore, check_deployment
 from listeners.deadletter import DeadLetterStore
+from listeners.partition import Partition
+from listeners.partition_seed import seed_partitions
 from listeners.runner import ListenerRunner
 from singleton import mongo
 from singleton.abc import LeaseBackend
+from singleton.balance import Balancer
 from singleton.elector import Elector, default_identity
 from singleton.errors import BackendUnavailableError, ConfigurationError, SingletonError
 from singleton.jobs import LeaderScheduler
@@ -58,18 +61,36 @@ def build_listener(lc: ListenerConfig, config: Config) -> ChangeStreamListener:
 
 
 def build_listeners(config: Config) -> list[ChangeStreamListener]:
-    """Every configured listener; their lease names must be unique."""
-    built = [build_listener(lc, config) for lc in config.listeners]
-    names = [listener.lease_name for listener in built]
+    """Every configured listener, one instance per partition (``partitions = K``); their lease
+    names must be unique."""
+    return [listener for listener, _ in placed_listeners(config)]
+
+
+def placed_listeners(config: Config) -> list[tuple[ChangeStreamListener, ListenerConfig]]:
+    """:func:`build_listeners`, each with the table it came from (for its placement keys)."""
+    built = []
+    for lc in config.listeners:
+        if lc.partitions == 1:
+            built.append((build_listener(lc, config), lc))
+            continue
+        for i in range(lc.partitions):
+            listener = build_listener(lc, config)
+            listener.partition = Partition(i, lc.partitions)
+            built.append((listener, lc))
+    names = [listener.lease_name for listener, _ in built]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigurationError(f"listener names must be unique, repeated: {', '.join(dupes)}")
     return built
 
 
-def build_scheduler(config: Config, backend: LeaseBackend, identity: str) -> LeaderScheduler:
+def build_scheduler(
+    config: Config, backend: LeaseBackend, identity: str, gate: Balancer | None
+) -> LeaderScheduler:
     """Every ``[[jobs]]`` table in one :class:`LeaderScheduler` (each job its own lease)."""
-    scheduler = LeaderScheduler(backend, identity=identity, timings=config.lease.timings())
+    scheduler = LeaderScheduler(
+        backend, identity=identity, timings=config.lease.timings(), gate=gate
+    )
     for job in config.jobs:
         scheduler.add_job(
             job_function(job.use),
@@ -145,10 +166,33 @@ class Replica:
         self.mongo: Any = None
         self.checkpoints: CheckpointStore | None = None
         self._audit: AuditLog | None = None
-        self._listeners = build_listeners(config)
+        self._placed = placed_listeners(config)
+        self._listeners = [listener for listener, _ in self._placed]
         self._check_names()
+        #: Spreads this replica's leases over the live replicas (``balance = true``).
+        self.balancer = self._balancer() if config.balance else None
         #: Scheduled jobs (``[[jobs]]``), each under its own lease; ``None`` without any.
-        self.jobs = build_scheduler(config, self.backend, self.identity) if config.jobs else None
+        self.jobs = (
+            build_scheduler(config, self.backend, self.identity, self.balancer)
+            if config.jobs
+            else None
+        )
+
+    def _balancer(self) -> Balancer:
+        prefer: dict[str, tuple[str, ...]] = {}
+        min_tenure: dict[str, float] = {}
+        for listener, lc in self._placed:
+            prefer[listener.lease_name] = lc.prefer
+            min_tenure[listener.lease_name] = lc.min_tenure
+        for job in self.config.jobs:
+            prefer[job.name], min_tenure[job.name] = job.prefer, job.min_tenure
+        return Balancer(
+            self.backend,
+            self.identity,
+            self.config.lease.timings(),
+            prefer={k: v for k, v in prefer.items() if v},
+            min_tenure={k: v for k, v in min_tenure.items() if v},
+        )
 
     def _check_names(self) -> None:
         taken = {listener.lease_name for listener in self._listeners}
@@ -159,10 +203,20 @@ class Replica:
             )
 
     def start(self) -> Replica:
+        if self._listeners:
+            self._host_listeners()
+        if self.balancer is not None:
+            for h in self.hosted:
+                self.balancer.add(h.elector)
+            if self.jobs is not None:
+                for name in self.jobs.names:
+                    self.balancer.add(self.jobs.elector(name))
+            self.balancer.start()
         if self.jobs is not None:
             self.jobs.start()
-        if self._listeners:
-            self._start_listeners()
+        for h in self.hosted:
+            h.runner.start()
+            h.elector.start()
         self.started_at = time.monotonic()
         logger.info(
             "replica {} started: backend={} listeners={} jobs={}",
@@ -173,7 +227,7 @@ class Replica:
         )
         return self
 
-    def _start_listeners(self) -> None:
+    def _host_listeners(self) -> None:
         unsafe = self.switches.unsafe_disable_fencing
         self.mongo, _ = mongo.client(
             self.config.mongo_url,
@@ -184,6 +238,7 @@ class Replica:
             self.config, self.mongo, unsafe_disable_fencing=unsafe
         )
         self._check_deployments(self.checkpoints)
+        self._seed_partitions(self.checkpoints)
         if self.config.checkpoint_store == "redis":
             warn_without_persistence(self.config.redis_url)
         if self.switches.audit_file:
@@ -198,6 +253,7 @@ class Replica:
                 identity=self.identity,
                 timings=timings,
                 unsafe_disable_fencing=unsafe,
+                gate=self.balancer,
             )
             runner = ListenerRunner(
                 listener,
@@ -205,12 +261,28 @@ class Replica:
                 self.mongo,
                 checkpoints=self.checkpoints,
                 dead_letters=dead_letters,
-                audit=self._audit,
+                audit=None if self._audit is None else self._audit.bound(listener.lease_name),
             )
             self.hosted.append(Hosted(listener.lease_name, elector, runner, listener))
-        for h in self.hosted:
-            h.runner.start()
-            h.elector.start()
+
+    def _seed_partitions(self, store: CheckpointStore) -> None:
+        """After ``partitions`` changed, start the new layout from the old one's oldest
+        checkpoint (:func:`listeners.partition.seed_partitions`); refuses (exit 2) while the old
+        layout still runs somewhere."""
+        seen = set()
+        for listener, lc in self._placed:
+            if listener.name is None or listener.name in seen:
+                continue
+            seen.add(listener.name)
+            try:
+                seed_partitions(
+                    store,
+                    listener.name,
+                    lc.partitions,
+                    lambda lease: self.backend.inspect(lease) is not None,
+                )
+            except BackendUnavailableError as exc:
+                logger.warning("cannot check the partitions of {}: {}", listener.name, exc)
 
     def _check_deployments(self, store: CheckpointStore) -> None:
         """Refuse to start (exit 2) for a listener whose checkpoint belongs to another
@@ -248,6 +320,8 @@ class Replica:
             t.join(self.config.shutdown_timeout)
         for h in self.hosted:
             h.runner.stop()
+        if self.balancer is not None:
+            self.balancer.stop(self.config.shutdown_timeout)
         if self.checkpoints is not None:
             self.checkpoints.close()
         if self.mongo is not None:
@@ -322,4 +396,5 @@ class Replica:
             entry["runner"] = h.runner.status().as_dict()
             out.append(entry)
         jobs = [] if self.jobs is None else [s.as_dict() for s in self.jobs.status()]
-        return {"identity": self.identity, "listeners": out, "jobs": jobs}
+        balance = None if self.balancer is None else self.balancer.view().as_dict()
+        return {"identity": self.identity, "listeners": out, "jobs": jobs, "balance": balance}

@@ -17,7 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from singleton import mongo
-from singleton.abc import LeaseBackend
+from singleton.abc import LeaseBackend, Member
+from singleton.balance import DEFAULT_GROUP, share_of
 from singleton.errors import SingletonError
 from singleton.jobs_context import from_ms, make_trigger, next_fire_after
 from singleton.redact import redact
@@ -60,6 +61,33 @@ def _job_entry(backend: LeaseBackend, job: JobConfig) -> dict[str, Any]:
     return entry
 
 
+def _members_entry(backend: LeaseBackend) -> dict[str, Any]:
+    return {"members": backend.membership().members(DEFAULT_GROUP)}
+
+
+def _members(
+    live: list[Member], leases: list[dict[str, Any]], listener_leases: int
+) -> dict[str, Any]:
+    """The live replicas (heartbeats on the store's clock) and the leases each holds now."""
+    total = listener_leases + sum(1 for lease in leases if "next_fire" in lease)
+    held: dict[str, list[str]] = {m.identity: [] for m in live}
+    for lease in leases:
+        if lease["identity"] is not None:
+            held.setdefault(lease["identity"], []).append(lease["name"])
+    return {
+        "live": [
+            {
+                "identity": m.identity,
+                "ttl_remaining": round(m.ttl_remaining, 3),
+                **{k: int(v) if v.isdigit() else v for k, v in m.info.items()},
+            }
+            for m in live
+        ],
+        "share": share_of(total, len(live)) if live else None,
+        "held": {identity: sorted(names) for identity, names in sorted(held.items())},
+    }
+
+
 def _checkpoint_entry(store: Any, name: str) -> dict[str, Any]:
     cp = store.load(name)
     seconds = None if cp is None else float(cp.cluster_time.time)
@@ -91,8 +119,10 @@ def cluster_status(
         if store is not None:
             checkpoints = {n: pool.submit(_checkpoint_entry, store, n) for n in listener_names}
         jobs = {job.name: pool.submit(_job_entry, backend, job) for job in config.jobs}
+        members = {"members": pool.submit(_members_entry, backend)}
         every: list[Future[Any]] = [
             now_future,
+            *members.values(),
             *leases.values(),
             *checkpoints.values(),
             *jobs.values(),
@@ -106,10 +136,16 @@ def cluster_status(
         for entry in entries:
             if now is not None and entry["cluster_time"] is not None:
                 entry["age_seconds"] = round(max(0.0, now - entry["cluster_time"]), 3)
+        lease_entries = _collect("lease", leases, errors)
+        job_entries = _collect("job", jobs, errors)
+        seen = _collect("membership", members, errors)
         return {
-            "leases": _collect("lease", leases, errors),
+            "leases": lease_entries,
             "checkpoints": entries,
-            "jobs": _collect("job", jobs, errors),
+            "jobs": job_entries,
+            "members": _members(
+                seen[0]["members"] if seen else [], [*lease_entries, *job_entries], len(names)
+            ),
             "errors": errors,
         }
     finally:
@@ -194,5 +230,16 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append("")
         headers = ["JOB", "HOLDER", "TOKEN", "LAST FIRE", "NEXT FIRE", "LAST OUTCOME"]
         lines += _table(headers, job_rows, {2})
+    members = status.get("members") or {}
+    if members.get("held"):
+        live = {m["identity"] for m in members.get("live", [])}
+        rows = [
+            [identity, "yes" if identity in live else "no", str(len(names)), ", ".join(names)]
+            for identity, names in members["held"].items()
+        ]
+        lines.append("")
+        lines += _table(["REPLICA", "LIVE", "HELD", "LEASES"], rows, {2})
+        if members.get("share") is not None:
+            lines.append(f"share: at most {members['share']} lease(s) per live replica")
     lines += [f"error: {err}" for err in status.get("errors", [])]
     return "\n".join(lines)

@@ -69,12 +69,17 @@ class Report:
 
 
 def es_listeners(config: Config, name: str | None) -> list[ElasticsearchSync]:
-    """The configured ElasticsearchSync listeners (only ``name`` when given)."""
-    found = [
-        listener
-        for listener in build_listeners(config)
-        if isinstance(listener, ElasticsearchSync) and name in (None, listener.lease_name)
-    ]
+    """The configured ElasticsearchSync listeners (only ``name`` when given); a partitioned
+    one once, whole (its partitions share one index)."""
+    found: list[ElasticsearchSync] = []
+    for listener in build_listeners(config):
+        if not isinstance(listener, ElasticsearchSync) or (
+            listener.partition is not None and (listener.partition.index > 0)
+        ):
+            continue
+        listener.partition = None
+        if name in (None, listener.lease_name):
+            found.append(listener)
     if not found:
         what = f"named {name!r}" if name else "at all"
         raise ConfigurationError(f"no elasticsearch listener {what} in the configuration")

@@ -1,0 +1,231 @@
+"""The balancer (singleton/balance.py) in a deterministic simulation: replicas of electors driven
+by ``tick()`` on one fake clock over one in-memory store; crashes are replicas that stop ticking."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from singleton.balance import Balancer, share_of
+from singleton.elector import Elector
+from singleton.errors import BackendUnavailableError
+from singleton.membership import Member, MemoryMembership
+from singleton.testing import FakeClock, MemoryLeaseBackend
+from singleton.timings import LeaseTimings
+
+TTL = 3.0
+STEP = 0.1
+TIMINGS = LeaseTimings.of(TTL, retry_interval=0.5)
+
+
+@dataclass
+class Replica:
+    balancer: Balancer
+    electors: list[Elector]
+    next_beat: float
+    alive: bool = True
+
+
+@dataclass
+class Sim:
+    leases: int
+    clock: FakeClock = field(default_factory=FakeClock)
+    replicas: dict[str, Replica] = field(default_factory=dict)
+    changes: int = 0
+    prefer: dict[str, list[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.backend = MemoryLeaseBackend(self.clock)
+        self.holders = self.owners()
+
+    def add(self, identity: str) -> None:
+        balancer = Balancer(self.backend, identity, TIMINGS, clock=self.clock, prefer=self.prefer)
+        electors = [
+            Elector(
+                self.backend,
+                f"l{i}",
+                identity=identity,
+                timings=TIMINGS,
+                clock=self.clock,
+                gate=balancer,
+                jitter=0,
+                seed=i,
+            )
+            for i in range(self.leases)
+        ]
+        for e in electors:
+            balancer.add(e)
+        balancer.beat()
+        self.replicas[identity] = Replica(balancer, electors, self.clock.monotonic())
+
+    def crash(self, identity: str) -> None:
+        self.replicas[identity].alive = False
+
+    def step(self) -> None:
+        self.clock.advance(STEP)
+        now = self.clock.monotonic()
+        for r in self.replicas.values():
+            if not r.alive:
+                continue
+            if now >= r.next_beat:
+                r.balancer.beat()
+                r.next_beat = now + TIMINGS.renew_interval
+            for e in r.electors:
+                e.tick()
+        owners = self.owners()
+        self.changes += sum(1 for n in owners if owners[n] != self.holders.get(n))
+        self.holders = owners
+
+    def run(self, seconds: float) -> None:
+        for _ in range(round(seconds / STEP)):
+            self.step()
+
+    def owners(self) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for i in range(self.leases):
+            state = self.backend.inspect(f"l{i}")
+            out[f"l{i}"] = None if state is None else state.identity
+        return out
+
+    def counts(self) -> dict[str, int]:
+        alive = [i for i, r in self.replicas.items() if r.alive]
+        return {i: sum(1 for h in self.holders.values() if h == i) for i in alive}
+
+    def balanced(self) -> bool:
+        c = self.counts()
+        every = all(h in c for h in self.holders.values())  # held, and by a live replica
+        return every and max(c.values()) - min(c.values()) <= 1
+
+    def settle_within(self, seconds: float) -> float:
+        """Run until balanced; return how long it took (fails after ``seconds``)."""
+        t0 = self.clock.monotonic()
+        while not self.balanced():
+            assert self.clock.monotonic() - t0 <= seconds, (
+                f"not balanced within {seconds}s: {self.holders}"
+            )
+            self.step()
+        return self.clock.monotonic() - t0
+
+
+def started(leases: int, *identities: str) -> Sim:
+    sim = Sim(leases)
+    for identity in identities:
+        sim.add(identity)
+    return sim
+
+
+def test_share_is_the_ceiling() -> None:
+    assert [share_of(4, r) for r in (1, 2, 3, 4, 5)] == [4, 2, 2, 1, 1]
+    assert share_of(3, 0) == 3
+
+
+def test_four_leases_over_three_replicas_settle_at_one_or_two_each() -> None:
+    sim = started(4, "a", "b", "c")
+    sim.settle_within(3 * TTL)
+    assert sorted(sim.counts().values()) == [1, 1, 2]
+
+
+def test_steady_state_never_hands_over() -> None:
+    sim = started(4, "a", "b", "c")
+    sim.settle_within(3 * TTL)
+    sim.changes = 0
+    sim.run(60)
+    assert sim.changes == 0
+    assert sum(r.balancer.sheds for r in sim.replicas.values()) <= 2
+
+
+def test_a_crash_and_a_return_each_settle_within_three_ttls() -> None:
+    sim = started(4, "a", "b", "c")
+    sim.settle_within(3 * TTL)
+    busiest = max(sim.counts(), key=lambda i: (sim.counts()[i], i))
+    sim.crash(busiest)
+    sim.settle_within(3 * TTL)
+    assert sorted(sim.counts().values()) == [2, 2]
+    sim.replicas.pop(busiest)
+    sim.add(busiest)  # a new process with the same identity
+    sim.settle_within(3 * TTL)
+    assert sim.counts()[busiest] >= 1
+
+
+def test_a_joining_replica_gets_work_from_the_busiest() -> None:
+    sim = started(4, "a", "b")
+    sim.settle_within(3 * TTL)
+    assert sorted(sim.counts().values()) == [2, 2]
+    sim.add("c")
+    sim.settle_within(3 * TTL)
+    assert sim.counts()["c"] == 1
+    sim.changes = 0
+    sim.run(30)
+    assert sim.changes == 0
+
+
+def test_affinity_puts_a_lease_on_its_preferred_replica() -> None:
+    sim = Sim(4, prefer={"l0": ["c"]})
+    sim.add("a")
+    sim.run(2)
+    assert sim.holders["l0"] == "a"  # alone, "a" takes everything, preferred or not
+    sim.add("b")
+    sim.add("c")
+    sim.settle_within(3 * TTL)
+    sim.run(3 * TTL)
+    assert sim.holders["l0"] == "c"
+    assert sim.balanced()
+    sim.crash("c")  # the preferred replica gone: someone else takes the lease
+    sim.run(3 * TTL)
+    assert sim.holders["l0"] in ("a", "b")
+
+
+def test_without_membership_every_lease_still_gets_a_leader() -> None:
+    sim = started(3, "a", "b")
+
+    def down(*_: object) -> list[Member]:
+        raise BackendUnavailableError("store down")
+
+    for r in sim.replicas.values():
+        r.balancer.membership.heartbeat = down  # type: ignore[method-assign]
+        r.balancer.membership.members = down  # type: ignore[method-assign]
+    sim.run(2 * TTL)
+    assert None not in sim.holders.values()
+
+
+def test_min_tenure_pins_a_lease() -> None:
+    sim = Sim(2)
+    sim.add("a")
+    sim.run(1)
+    assert set(sim.holders.values()) == {"a"}
+    sim.replicas["a"].balancer._min_tenure = {"l0": 1e9, "l1": 1e9}
+    sim.add("b")
+    sim.run(4 * TTL)
+    assert set(sim.holders.values()) == {"a"}  # unbalanced, but pinned
+
+
+def test_view_reports_members_and_share() -> None:
+    sim = started(4, "a", "b", "c")
+    sim.settle_within(3 * TTL)
+    sim.run(TIMINGS.renew_interval * 2)
+    view = sim.replicas["a"].balancer.view()
+    assert set(view.members) == {"a", "b", "c"}
+    assert view.share == 2 and view.leases == 4
+    assert sum(view.members.values()) == 4
+    assert view.as_dict()["held"] == list(view.held)
+
+
+def test_membership_expires_on_the_store_clock() -> None:
+    clock = FakeClock()
+    m = MemoryMembership(clock)
+    m.heartbeat("g", "a", 1.0, {"held": 1})
+    clock.advance(0.99)
+    assert [x.identity for x in m.members("g")] == ["a"]
+    clock.advance(0.01)
+    assert m.members("g") == []
+
+
+@pytest.mark.parametrize("bad", [0, -1.0])
+def test_bad_settle_is_refused(bad: float) -> None:
+    backend = MemoryLeaseBackend()
+    if bad < 0:
+        with pytest.raises(Exception, match="settle"):
+            Balancer(backend, "a", TIMINGS, settle=bad)
+    else:
+        assert Balancer(backend, "a", TIMINGS, settle=bad).settle == 0
