@@ -2,7 +2,8 @@
 
 When: after a delivered batch at most every ``interval`` seconds under sustained load (0 = after
 every batch); as soon as the stream catches up; every ``idle_interval`` seconds while an idle
-stream's resume token advances; before a handover; before an invalidate. A crash therefore
+stream's resume token advances; before a handover (what was acknowledged: events read but not
+delivered are the successor's); before an invalidate. A crash therefore
 replays at most ``interval`` seconds of handled events, and a planned handover replays nothing.
 
 Where a tenure starts: the position its claim returned (:meth:`CheckpointPolicy.claim`), which
@@ -159,6 +160,12 @@ class CheckpointPolicy:
     def before_invalidate(self) -> None:
         if self._pending is not None:
             self._save_pending(*self._pending)
+
+    def release(self) -> None:
+        """A planned handover, on whichever thread closes the tenure's handover gate: save what
+        the sink acknowledged, as before an invalidate (a pipelining subclass flushes first).
+        Events read but not delivered are not saved past: the successor reads them."""
+        self.before_invalidate()
 
     # -- what to save ---------------------------------------------------------------------
     @property

@@ -10,9 +10,11 @@ So:
 * one worker thread per tenure, started only after the previous tenure's worker has ended
   (tenures never overlap in one process, even when a hung worker outlives its lease);
 * the elector's callbacks only start, signal and wait for workers, and return quickly;
-* ``before_release`` (planned handover) sets the tenure's drain flag and waits, at most the
-  elector's ``release_timeout``, for the worker to finish the batch in hand and checkpoint, so
-  the successor replays nothing;
+* ``before_release`` (planned handover) stops the worker reading at once and waits, at most
+  ``drain_timeout``, for the act in hand (a ``handle_batch``, a checkpoint write), never for a
+  read; then what the sink acknowledged is checkpointed (:mod:`listeners.handover`), so the
+  successor replays nothing. If the act outlasts the bound, the elector releases the lease
+  anyway, demoted first: the act's late checkpoint is refused and the successor replays it;
 * each tenure ends with a :class:`~listeners.status.TenureOutcome`, kept in :meth:`status`.
 
 Never stuck, never silent: a replica never holds a lease while not doing its work. A transient
@@ -39,6 +41,7 @@ from listeners.base import ChangeStreamListener
 from listeners.checkpoint import CheckpointStore, MongoCheckpointStore
 from listeners.checkpoint_policy import LastSeen
 from listeners.deadletter import DeadLetterStore
+from listeners.handover import HandoverGate
 from listeners.standby import StandbyChecker
 from listeners.status import RunnerStatus, StatusBoard, TenureOutcome
 from listeners.tenure import TenureSettings, TenureWorker
@@ -56,6 +59,8 @@ if TYPE_CHECKING:
 
 #: Seconds opening a change stream may take (see ``TenureSettings.open_timeout``).
 OPEN_TIMEOUT = 5.0
+#: Seconds a planned handover waits for the act in hand (capped by ``release_timeout``).
+DRAIN_TIMEOUT = 0.25
 
 
 class _Tenure:
@@ -64,7 +69,8 @@ class _Tenure:
     def __init__(self, ld: Leadership, previous: _Tenure | None) -> None:
         self.ld = ld
         self.previous = previous
-        self.drain = threading.Event()  # before_release: finish the batch, checkpoint, end
+        self.drain = threading.Event()  # before_release: stop reading, checkpoint, end
+        self.gate = HandoverGate(self.drain)
         self.wake = threading.Event()  # a drain or a loss: cut any wait short
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
@@ -87,6 +93,9 @@ class ListenerRunner:
     long transient failures are retried in place before the tenure fails; it is also how long a
     tenure must stream for its failure count to start over. After a failed tenure the runner
     sits out a cooldown from ``max(ttl, 1)`` doubling up to ``max_failure_cooldown`` seconds.
+
+    ``drain_timeout`` (at most the elector's ``release_timeout``) bounds how long a planned
+    handover waits for the act in hand before the lease is released without it.
     """
 
     def __init__(
@@ -109,6 +118,7 @@ class ListenerRunner:
         max_failure_cooldown: float = 300.0,
         seed: int | None = None,
         audit: AuditLog | None = None,
+        drain_timeout: float = DRAIN_TIMEOUT,
     ) -> None:
         _validate(
             elector,
@@ -126,6 +136,7 @@ class ListenerRunner:
         self.dead_letters = dead_letters or DeadLetterStore(self._client)
         clock = clock or SYSTEM_CLOCK
         self.failure_budget = failure_budget
+        self.drain_timeout = min(drain_timeout, elector.release_timeout)
         self.last_seen = LastSeen()
         rng = random.Random(seed)
         base = max(elector.ttl, 1.0)
@@ -175,7 +186,10 @@ class ListenerRunner:
                 return self
             self._started = True
         self.elector.subscribe(
-            on_elected=self._on_elected, on_lost=self._on_lost, before_release=self._drain
+            on_elected=self._on_elected,
+            on_lost=self._on_lost,
+            before_release=self._drain,
+            on_released=self._on_released,
         )
         logger.info("listener runner starting: listener={} elector={}", self.name, self.elector)
         self.elector.start()
@@ -225,6 +239,10 @@ class ListenerRunner:
         if tenure is not None and tenure.ld is ld:
             tenure.wake.set()
 
+    def _on_released(self, ld: Leadership, released: bool) -> None:
+        if self.settings.audit is not None:  # the drill counts handovers that waited for expiry
+            self.settings.audit.record("released", token=ld.token, ok=released)
+
     def _drain(self, ld: Leadership) -> None:
         tenure = self._tenure
         if tenure is None or tenure.ld is not ld:
@@ -233,7 +251,14 @@ class ListenerRunner:
         self._board.set(state="draining")
         tenure.drain.set()
         tenure.wake.set()
-        tenure.done.wait(self.elector.release_timeout)
+        if not tenure.gate.close(self.drain_timeout):
+            logger.warning(
+                "handing over without the act in hand (over {}s): listener={} token={}; the "
+                "successor replays what it had not acknowledged",
+                self.drain_timeout,
+                self.name,
+                ld.token,
+            )
 
     # -- one tenure (its own thread) ------------------------------------------------------
     def _run_tenure(self, tenure: _Tenure) -> None:
@@ -243,7 +268,12 @@ class ListenerRunner:
         tenure.previous = None
         try:
             worker = TenureWorker(
-                self.settings, tenure.ld, self._board, drain=tenure.drain, wake=tenure.wake
+                self.settings,
+                tenure.ld,
+                self._board,
+                drain=tenure.drain,
+                wake=tenure.wake,
+                gate=tenure.gate,
             )
             outcome = worker.run()
             self._board.set(last_outcome=outcome)

@@ -17,26 +17,25 @@ without its large fields (:mod:`listeners.large_events`).
 from __future__ import annotations
 
 import contextlib
-import random
 import threading
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pymongo
 from bson.timestamp import Timestamp
 from loguru import logger
 
-from listeners.audit import AuditLog, ts_pair
-from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext, StopReason
-from listeners.checkpoint import CheckpointStore
+from listeners.audit import ts_pair
+from listeners.base import ChangeEvent, ListenerContext, StopReason
 from listeners.checkpoint_marker import CheckpointMarker
-from listeners.checkpoint_policy import CheckpointPolicy, LastSeen
-from listeners.deadletter import DeadLetterStore, PoisonEventError, PoisonHandler, Replayer
+from listeners.deadletter import PoisonEventError, PoisonHandler, Replayer
+from listeners.handover import Drained, HandoverGate
 from listeners.large_events import LargeEvents
+from listeners.pipelining import PipelinedCheckpoints
 from listeners.status import RetriesExhaustedError, StatusBoard, TenureOutcome
 from listeners.streams import StartPosition, StreamReader, token_time
+from listeners.tenure_settings import TenureSettings
 from singleton import mongo
-from singleton.clock import Clock
 from singleton.errors import (
     HistoryLostError,
     LeaseLostError,
@@ -47,42 +46,16 @@ from singleton.errors import (
 from singleton.retry import Backoff
 
 if TYPE_CHECKING:
-    from singleton.abc import LeaseBackend
     from singleton.leadership import Leadership
 
 
-class Drained(Exception):
-    """The planned handover finished: the last checkpoint is saved."""
-
-
-@dataclass(frozen=True)
-class TenureSettings:
-    """What every tenure of one runner shares (see ``ListenerRunner`` for the meanings)."""
-
-    listener: ChangeStreamListener
-    client: Any
-    checkpoints: CheckpointStore
-    dead_letters: DeadLetterStore
-    clock: Clock
-    max_await_time: float
-    op_timeout: float
-    #: Opening a stream (a read; the server searches its oplog for the token) may take longer.
-    open_timeout: float
-    checkpoint_interval: float
-    idle_checkpoint_interval: float
-    reconnect_backoff: float
-    max_reconnect_backoff: float
-    rng: random.Random
-    audit: AuditLog | None
-    failure_budget: float
-    last_seen: LastSeen
-    #: The elector's lease store, where the checkpoint marker lives.
-    lease_store: LeaseBackend
+__all__ = ["Drained", "TenureSettings", "TenureWorker"]
 
 
 class TenureWorker:
-    """Runs one tenure in the calling thread (:meth:`run`). ``drain`` asks for a handover;
-    ``wake`` is set on a drain or a loss, and cuts any wait short."""
+    """Runs one tenure in the calling thread (:meth:`run`). ``drain`` asks for a handover and
+    ``gate`` carries it out (:mod:`listeners.handover`); ``wake`` is set on a drain or a loss,
+    and cuts any wait short."""
 
     def __init__(
         self,
@@ -92,10 +65,12 @@ class TenureWorker:
         *,
         drain: threading.Event,
         wake: threading.Event,
+        gate: HandoverGate | None = None,
     ) -> None:
         self._s = settings
         self._board = board
         self._drain, self._wake = drain, wake
+        self._gate = gate or HandoverGate(drain)
         self.name = settings.listener.lease_name
         self.ctx = ListenerContext(
             leadership=leadership,
@@ -105,7 +80,7 @@ class TenureWorker:
             progress=settings.checkpoints,
             dead_letters=settings.dead_letters,
         )
-        self._policy = CheckpointPolicy(
+        self._policy = PipelinedCheckpoints(
             settings.checkpoints,
             self.ctx,
             clock=settings.clock,
@@ -115,6 +90,7 @@ class TenureWorker:
             audit=settings.audit,
             on_saved=self._saved,
             deployment=settings.listener.deployment(),
+            listener=settings.listener,
         )
         self._marker = CheckpointMarker(settings.lease_store, self.name, self._bounded)
         self._replayer = Replayer(settings.dead_letters, self.name, clock=settings.clock)
@@ -145,8 +121,9 @@ class TenureWorker:
             if ld.valid():
                 logger.info("listener leading: listener={} token={}", self.name, ld.token)
                 self._board.set(state="starting", fencing_token=ld.token, last_error=None)
-                self._s.listener.on_start(self.ctx)
-                self._lead()
+                with self._gate.acting(self._policy.release):
+                    self._s.listener.on_start(self.ctx)
+                    self._lead()
             # Over before it began (the previous tenure's worker ended late): nothing was done.
             outcome = TenureOutcome("lost", ld.reason or "expired", True, ld.token)
         except Exception as exc:
@@ -210,18 +187,18 @@ class TenureWorker:
     def _stream(self, pos: StartPosition) -> StartPosition:
         """Stream until an invalidate (returns where to continue), a drain, or an error."""
         fresh = self._cluster_time() if pos.fresh else None
-        with pymongo.timeout(self._s.open_timeout):
+        with self._gate.waiting(), pymongo.timeout(self._s.open_timeout):
             opened = self._large.watch(
                 self._s.client, pos, max_await_time=self._s.max_await_time, at_time=fresh
             )
         with opened as stream:
             reader = StreamReader(
-                stream, self._s.listener, clock=self._s.clock, bounded=self._bounded
+                stream, self._s.listener, clock=self._s.clock, bounded=self._reading
             )
             self._board.set(state="streaming")
             self._policy.opened(reader.resume_token, fresh)
             while True:
-                self._check_handover(reader)
+                self._check_handover()
                 step = reader.read()
                 if step is None:
                     continue
@@ -250,14 +227,9 @@ class TenureWorker:
             self.streaming_since = self._s.clock.monotonic()
             self._board.set(failure=None)
 
-    def _check_handover(self, reader: StreamReader) -> None:
-        """On a drain: deliver the events in hand, save, and end; on a loss: end."""
-        if self._drain.is_set():
-            batch = reader.in_hand()
-            if batch:
-                self._deliver(batch, reader.resume_token)
-            self._policy.handover(reader.resume_token)
-            raise Drained
+    def _check_handover(self) -> None:
+        """On a drain: save what the sink acknowledged, and end; on a loss: end."""
+        self._gate.check()
         if self.ctx.leadership.lost.is_set():
             self.ctx.check()
 
@@ -383,9 +355,8 @@ class TenureWorker:
             self.ctx.token,
             exc,
         )
-        self._wake.wait(delay)  # a drain or a loss ends the wait at once
-        if self._drain.is_set():
-            raise Drained  # nothing in hand: the last checkpoint stands
+        with self._gate.waiting():  # a drain or a loss ends the wait at once
+            self._wake.wait(delay)
         self.ctx.check()
 
     # -- bounds ---------------------------------------------------------------------------
@@ -393,6 +364,12 @@ class TenureWorker:
         """Every MongoDB call of the worker (server selection included) ends within half the
         renew deadline, so a lost lease is noticed in time whatever the network does."""
         return pymongo.timeout(self._s.op_timeout)
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """A read that may wait (a ``getMore``): bounded, and a drain does not wait for it."""
+        with self._gate.waiting(), self._bounded():
+            yield
 
     def _cluster_time(self) -> Timestamp:
         with self._bounded():

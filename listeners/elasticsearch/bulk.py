@@ -25,12 +25,12 @@ being filled, and :meth:`BulkSession.add` blocks while they are busy. Before eve
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _string
 from typing import Any
 
 from loguru import logger as _default_logger
@@ -47,6 +47,9 @@ from singleton.retry import Backoff
 
 __all__ = ["RETRY_STATUSES", "BulkItem", "BulkLimits", "BulkStats", "BulkWriter", "DeadLetter"]
 
+#: Only what the answer is read for: the items' statuses and errors (a far smaller answer to
+#: parse than the full one; servers that ignore ``filter_path`` give the full one, also fine).
+_BULK_PATH = "/_bulk?filter_path=items.*.status,items.*.error"
 #: Item statuses that concern every document alike: the whole tenure fails (see above).
 _SINK_REFUSALS = frozenset({401, 403})
 
@@ -68,10 +71,12 @@ class BulkItem:
         """The action line (and source line) of this item; ``versioned=False`` is the drill's
         unsafe mode (last writer wins), never used by a fenced tenure."""
         if not self._encoded:
-            meta: dict[str, dict[str, Any]] = {self.op: {"_index": self.index, "_id": self.doc_id}}
+            # The action line is built as text (it is the same JSON json.dumps gives, keys in
+            # the same order): one json.dumps per item here cost as much as its source.
+            target = f'{{"_index":{_string(self.index)},"_id":{_string(self.doc_id)}'
             if versioned:
-                meta[self.op].update(version=self.version, version_type="external")
-            line = json.dumps(meta, separators=(",", ":")).encode() + b"\n"
+                target += f',"version":{int(self.version)},"version_type":"external"'
+            line = f'{{"{self.op}":{target}}}}}\n'.encode()
             if self.op == "index":
                 line += (self.source or b"{}") + b"\n"
             self._encoded = line
@@ -88,11 +93,20 @@ class DeadLetter:
 class BulkStats:
     """What a writer did, summed over every request: ``items`` handed to it, ``written``,
     ``conflicts`` (409: the index already held a newer version), ``retried``, ``dead``
-    (dead-lettered) and ``requests`` sent. :meth:`add` is thread-safe (requests run in a pool)."""
+    (dead-lettered), ``requests`` sent, and sends that raised SinkUnavailableError
+    (``unavailable``) or SinkRejectedError (``rejected``). :meth:`add` is thread-safe."""
 
     def __init__(self) -> None:
         self.items = self.written = self.conflicts = self.retried = self.dead = self.requests = 0
+        self.unavailable = self.rejected = 0
         self._lock = threading.Lock()
+
+    def errors_by_kind(self) -> dict[str, int]:
+        """What ``/metrics`` shows as ``singleton_sink_errors_total{kind}`` (see the README)."""
+        with self._lock:
+            return {"unavailable": self.unavailable, "rejected": self.rejected,
+                    "item_retried": self.retried, "item_conflict": self.conflicts,
+                    "dead_lettered": self.dead}  # fmt: skip
 
     def add(self, **counts: int) -> None:
         with self._lock:
@@ -168,11 +182,17 @@ class BulkWriter:
         self.stats.add(items=len(items))
         while True:
             check()
-            pending, why = self._attempt(pending)
+            try:
+                pending, why = self._attempt(pending)
+            except (SinkUnavailableError, SinkRejectedError) as exc:
+                rejected = isinstance(exc, SinkRejectedError)
+                self.stats.add(rejected=int(rejected), unavailable=int(not rejected))
+                raise
             if not pending:
                 return
             self.stats.add(retried=len(pending))
             if time.monotonic() >= deadline:
+                self.stats.add(unavailable=1)
                 raise SinkUnavailableError(
                     f"{len(pending)} bulk items still failing after {self.limits.retry_timeout} s "
                     f"on {self.transport.description}: {why}"
@@ -193,7 +213,7 @@ class BulkWriter:
         body = b"".join(item.encoded(self.versioned) for item in pending)
         self.stats.add(requests=1)
         try:
-            status, resp = self.transport.request("POST", "/_bulk", body, ndjson=True)
+            status, resp = self.transport.request("POST", _BULK_PATH, body, ndjson=True)
         except EsUnavailableError as exc:
             return pending, str(exc)
         if status in RETRY_STATUSES or status >= 500:
@@ -301,6 +321,12 @@ class BulkSession:
         if self._inflight:
             wait(self._inflight)
             self._inflight = set()
+
+    def send(self, items: list[BulkItem]) -> None:
+        """Send ``items`` and wait until every one is settled."""
+        for item in items:
+            self.add(item)
+        self.finish()
 
     def finish(self) -> None:
         """Send what is buffered and wait until every item is settled (raises the first error)."""

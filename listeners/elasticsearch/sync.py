@@ -41,7 +41,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext
+from listeners.base import (
+    Acknowledged,
+    ChangeEvent,
+    ChangeStreamListener,
+    ListenerContext,
+    StopReason,
+)
 from listeners.deadletter import DeadLetterStore
 from listeners.elasticsearch import fragments
 from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkStats, BulkWriter, DeadLetter
@@ -50,15 +56,14 @@ from listeners.elasticsearch.deadletters import EsDeadLetters
 from listeners.elasticsearch.documents import (
     DEFAULT_INDEX_TEMPLATE,
     Transform,
-    doc_id,
     resolve_transform,
-    source_of,
 )
 from listeners.elasticsearch.documents import index_name as make_index_name
 from listeners.elasticsearch.index import IndexKeeper
+from listeners.elasticsearch.items import ItemMaker
 from listeners.elasticsearch.transport import Transport, describe, make_transport
 from listeners.elasticsearch.versioning import EventVersioner, first_seq_at
-from listeners.streams import token_time
+from listeners.elasticsearch.window import BulkWindow
 from singleton import mongo
 from singleton.errors import ConfigurationError
 from singleton.retry import Backoff
@@ -68,7 +73,13 @@ _WRITES = frozenset({"insert", "replace", "update", "delete"})
 _DROPS = frozenset({"drop", "dropDatabase", "rename"})
 #: The origin of copied documents, for their dead-letter records.
 _COPIED = {"op": "initial_sync"}
-_POSITIVE_INTEGERS = ("bulk_actions", "bulk_bytes", "concurrency", "copy_batch_size")
+_POSITIVE_INTEGERS = (
+    "bulk_actions",
+    "bulk_bytes",
+    "concurrency",
+    "copy_batch_size",
+    "window_bytes",
+)
 _POSITIVE_NUMBERS = ("request_timeout", "ttl", "gc_safety_factor", "retry_timeout")
 
 
@@ -101,8 +112,12 @@ class ElasticsearchSync(ChangeStreamListener):
     bulk_actions: int = 1000
     bulk_bytes: int = 5 * 1024 * 1024
     flush_interval: float = 1.0
-    #: Bulk requests in flight at once.
-    concurrency: int = 1
+    #: Bulk requests in flight at once (also while the next batch is read: :mod:`.window`),
+    #: and at most this many bytes of them.
+    concurrency: int = 2
+    window_bytes: int = 32 * 1024 * 1024
+    #: Keep requests in flight after handle_batch returned (False: one batch at a time).
+    pipelined: bool = True
     backoff_base: float = 0.05
     backoff_max: float = 5.0
     #: Give up on a failing item after this long (the runner then retries the batch).
@@ -125,7 +140,7 @@ class ElasticsearchSync(ChangeStreamListener):
         frozenset({"es", "api_key", "basic_auth", "ca_certs", "client_cert", "client_key"})
         | {"http_compress", "request_timeout", "index", "transform", "mappings", "settings"}
         | {"on_drop", "ttl", "gc_safety_factor", "dead_letters", "copy_batch_size"}
-        | {"split_large_events", "sink_name"}
+        | {"split_large_events", "sink_name", "window_bytes", "pipelined"}
         | {f.name for f in dataclasses.fields(BulkLimits)}  # the bulk writer's options
     )
 
@@ -137,6 +152,10 @@ class ElasticsearchSync(ChangeStreamListener):
         #: the transport this listener built (closed by close()); None for a client it was given
         self._owned_transport: Transport | None = None
         self._versioner: EventVersioner | None = None
+        self._window: BulkWindow | None = None
+        self._items: ItemMaker | None = None
+        #: The runner acknowledged the last batch: the next one may stay in flight.
+        self._armed = False
         self._dead_store: Any = None
         self._ctx: ListenerContext | None = None
 
@@ -218,6 +237,9 @@ class ElasticsearchSync(ChangeStreamListener):
                 logger=ctx.logger,
                 versioned=ctx.leadership.fenced,
             )
+            self._window = BulkWindow(
+                self._writer, max_requests=self.concurrency, max_bytes=self.window_bytes
+            )
             self._index = IndexKeeper(
                 transport,
                 gc_deletes=self.gc_deletes_seconds,
@@ -226,6 +248,11 @@ class ElasticsearchSync(ChangeStreamListener):
                 mappings=self.mappings,
             )
         client = ctx.client
+        self._items = self._items or ItemMaker(
+            self.transform,  # type: ignore[arg-type]
+            self._dead,
+            lambda key: self._collection(self._ctx_or_fail()).find_one({"_id": key}),
+        )
         self._versioner = self._versioner or EventVersioner(lambda ts: first_seq_at(client, ts))
         if self._dead_store is None:
             store = self.dead_letters
@@ -244,11 +271,13 @@ class ElasticsearchSync(ChangeStreamListener):
 
     def close(self) -> None:
         """Release what this listener created (never a client it was given)."""
+        if self._window is not None:
+            self._window.abandon()
         if self._writer is not None:
             self._writer.close()
         if self._owned_transport is not None:
             self._owned_transport.close()
-        self._writer = self._index = self._owned_transport = None
+        self._writer = self._index = self._owned_transport = self._window = None
 
     def on_start(self, ctx: ListenerContext) -> None:
         _, index = self._setup(ctx)
@@ -266,99 +295,68 @@ class ElasticsearchSync(ChangeStreamListener):
         self._setup(ctx)[1].ensure(name, ctx)
 
     # -- streaming --------------------------------------------------------------------------------
-    def _item(
-        self, doc: Mapping[str, Any], key: Any, version: int, origin: dict[str, Any], index: str
-    ) -> BulkItem | None:
-        """The bulk action that makes ``index`` hold ``doc`` (a delete if ``transform`` drops
-        it) at ``version``; ``None`` for a document that cannot be indexed (dead-lettered)."""
-        try:
-            es_id = doc_id(key)
-            source = source_of(doc, self.transform)  # type: ignore[arg-type]
-        except (ValueError, TypeError) as exc:
-            self._reject("index", key, version, origin, index, exc)
-            return None
-        return BulkItem(
-            "delete" if source is None else "index", index, es_id, version, source, origin
-        )
-
-    def _reject(
-        self, op: str, key: Any, version: int, origin: dict[str, Any], index: str, exc: Exception
-    ) -> None:
-        """Dead-letter what cannot be indexed (an id too long, a non-finite number...)."""
-        try:
-            es_id = doc_id(key)
-        except ValueError:
-            es_id = repr(key)[:200]
-        bad = BulkItem(op, index, es_id, version, None, {**origin, "key": key})
-        self._dead([DeadLetter(bad, 0, f"cannot index: {exc}")])
-
-    def _event_item(
-        self, event: ChangeEvent, versioner: EventVersioner, index: str
-    ) -> BulkItem | None:
-        if "documentKey" not in event:
-            return None  # a fragment: the one with the key is handled in its own batch
-        key = event["documentKey"]["_id"]
-        if "clusterTime" not in event:  # a fragment of a split event: the token has it
-            event = {**event, "clusterTime": token_time(event.get("_id"))}
-        op = event.get("operationType")
-        origin = {"op": op, "token": event.get("_id"), "cluster_time": mongo.event_time(event)}
-        version = versioner.version(event)
-        if fragments.needs_lookup(event):
-            # The document as it is now, as updateLookup would give it (see .fragments).
-            found = self._collection(self._ctx_or_fail()).find_one({"_id": key})
-            if found is not None:
-                return self._item(found, key, version, origin, index)
-            op = "delete"
-        if op == "delete":
-            try:
-                return BulkItem("delete", index, doc_id(key), version, None, origin)
-            except ValueError as exc:
-                self._reject("delete", key, version, origin, index, exc)
-                return None
-        doc = event.get("fullDocument")
-        if doc is None:
-            return None  # looked up after a later delete: that delete follows
-        return self._item(doc, key, version, origin, index)
-
     def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
-        """Apply ``events``; returns once each write succeeded, was already superseded (409) or
-        was dead-lettered. Within a batch only the last write per document is sent: the later
-        version would supersede the earlier ones anyway."""
-        self._apply(events, ctx, self._index_name)
+        """Apply ``events``: each write succeeds, is already superseded (409) or is
+        dead-lettered. Within a batch only the last write per document is sent: the later
+        version would supersede the earlier ones anyway. On the runner's stream (after an
+        :meth:`acknowledged`) the requests may still be in flight when this returns (see
+        :mod:`.window`); called any other way it returns once they all finished."""
+        pipelined, self._armed = self._armed and self.pipelined, False
+        self._apply(events, ctx, self._index_name, pipelined=pipelined)
 
-    def _apply(self, events: Sequence[ChangeEvent], ctx: ListenerContext, index_name: str) -> None:
+    def acknowledged(self, token: Any, batch: Sequence[ChangeEvent]) -> Acknowledged | None:
+        self._armed = True  # the runner follows the protocol: the next batch may pipeline
+        if self._window is None:
+            return token, batch
+        self._window.mark((token, batch[-1:]))
+        return self._window.acknowledged()
+
+    def flush(self, ctx: ListenerContext) -> Acknowledged | None:
+        self._armed = False  # what comes next (a dead-letter replay) is sent synchronously
+        return None if self._window is None else self._window.flush()
+
+    def on_stop(self, ctx: ListenerContext, reason: StopReason) -> None:
+        if self._window is not None:  # a tenure that ended unflushed: its successor replays
+            self._window.abandon()
+        self._armed = False
+
+    def _apply(
+        self,
+        events: Sequence[ChangeEvent],
+        ctx: ListenerContext,
+        index_name: str,
+        *,
+        pipelined: bool = False,
+    ) -> None:
         """:meth:`handle_batch` into ``index_name`` (the alias, or an index being rebuilt)."""
-        writer, index = self._setup(ctx)
-        versioner = self._versioner
-        assert versioner is not None
+        index = self._setup(ctx)[1]
+        window, items, versioner = self._window, self._items, self._versioner
+        assert window is not None and items is not None and versioner is not None
+        if not pipelined:
+            window.wait()  # what was in flight comes first
+        window.open()
         pending: dict[str, BulkItem] = {}
         for event in fragments.join(events):
             op = event.get("operationType")
             if op in _WRITES or fragments.needs_lookup(event):
-                item = self._event_item(event, versioner, index_name)
+                item = items.event_item(event, versioner, index_name)
                 if item is not None:
                     pending[item.doc_id] = item
             elif op in _DROPS:
-                self._send(list(pending.values()), ctx, writer, index, index_name)
+                self._send(list(pending.values()), ctx, index_name)
                 pending.clear()
+                window.wait()
                 self._dropped(event, ctx, index, index_name)
-        self._send(list(pending.values()), ctx, writer, index, index_name)
+        if pipelined and pending:
+            index.ensure(index_name, ctx)
+            window.submit(list(pending.values()), ctx.check, ctx.leadership.wait_lost)
+        else:
+            self._send(list(pending.values()), ctx, index_name)
 
-    def _send(
-        self,
-        items: list[BulkItem],
-        ctx: ListenerContext,
-        writer: BulkWriter,
-        index: IndexKeeper,
-        name: str,
-    ) -> None:
-        if not items:
-            return
-        index.ensure(name, ctx)
-        session = writer.session(ctx.check, ctx.leadership.wait_lost)
-        for item in items:
-            session.add(item)
-        session.finish()
+    def _send(self, items: list[BulkItem], ctx: ListenerContext, name: str) -> None:
+        if items:
+            self._setup(ctx)[1].ensure(name, ctx)
+            self._setup(ctx)[0].session(ctx.check, ctx.leadership.wait_lost).send(items)
 
     def _dropped(
         self, event: ChangeEvent, ctx: ListenerContext, index: IndexKeeper, name: str
@@ -379,6 +377,8 @@ class ElasticsearchSync(ChangeStreamListener):
         replay what happened since the copy began, then move the alias onto it atomically and
         drop the old index (see :mod:`.index`). Used for the first sync and every resync."""
         writer, index = self._setup(ctx)
+        items = self._items
+        assert items is not None
         alias = self._index_name
         saved = ctx.load_progress() or {}
         target = saved.get("target")
@@ -389,7 +389,7 @@ class ElasticsearchSync(ChangeStreamListener):
         ctx.logger.info("initial sync of {}: copying into {} (alias {})", self.name, target, alias)
         copy = InitialCopy(
             name=self.lease_name,
-            make_item=lambda doc, version: self._item(doc, doc["_id"], version, _COPIED, target),
+            make_item=lambda doc, version: items.item(doc, doc["_id"], version, _COPIED, target),
             replay=lambda events, c: self._apply(events, c, target),
             batch_size=self.copy_batch_size,
             replay_batch=self.batch_size,

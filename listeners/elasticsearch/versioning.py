@@ -142,6 +142,11 @@ def _token_bytes(event: Mapping[str, Any]) -> bytes:
         raise VersionOverflowError(f"resume token _data is not hex: {raw[:40]!r}") from exc
 
 
+def _bson_shaped(data: bytes) -> bool:
+    """Whether ``data`` looks like a BSON document (its length prefix); cheaper than decoding."""
+    return len(data) >= 5 and int.from_bytes(data[:4], "little") == len(data) and data[-1] == 0
+
+
 def _bson_token(data: bytes) -> Mapping[str, Any] | None:
     if len(data) < 5 or int.from_bytes(data[:4], "little") != len(data):
         return None
@@ -168,11 +173,13 @@ class EventVersioner:
 
     def position(self, event: Mapping[str, Any], ts: Timestamp) -> int:
         data = _token_bytes(event)
+        if "txnNumber" not in event and _bson_shaped(data):
+            return 0  # a BSON token outside a transaction: the only event at its cluster time
         doc = _bson_token(data)
         if doc is None:
             return keystring_txn_op_index(data)
         if "txnNumber" not in event:
-            return 0  # not in a transaction: the only event at its cluster time
+            return 0
         seq = doc.get("s")
         if not isinstance(seq, int):
             raise VersionOverflowError(f"BSON resume token without a sequence: {doc!r}")

@@ -112,3 +112,50 @@ def test_planned_release_replays_nothing(mongo_url: str, unique: str) -> None:
     assert len({cp.fencing_token for cp in scene.store.accepted}) >= 3
     outcome = a.status().last_outcome  # A led last and handed over on stop(): a clean end
     assert outcome is not None and (outcome.kind, outcome.reason) == ("completed", "released")
+
+
+def test_overrunning_drain_releases_and_the_successor_replays_the_tail(
+    mongo_url: str, unique: str
+) -> None:
+    """A planned handover whose act in hand outlasts the drain bound still releases (it never
+    waits for expiry); that act's checkpoint is refused, and the successor replays its events."""
+    scene = Scene.on(mongo_url, unique)
+    a_listener, b_listener = scene.listener("orders"), scene.listener("orders")
+    a = scene.runner(a_listener, "a", cooldown=30.0).start()
+    wait_state(a, "streaming")
+    released: list[tuple[int, bool]] = []
+    a.elector.subscribe(on_released=lambda ld, ok: released.append((ld.token, ok)))
+    b = scene.runner(b_listener, "b").start()
+    since = now(scene.client)
+    writer = Writer(scene.coll("orders"))
+    writer.start()
+    try:
+        wait_until(lambda: len(a_listener.keys()) >= 60, 20, what="A handles events")
+        a_token = a.status().fencing_token
+        assert a_token is not None
+        a_listener.gate.clear()  # A's next handle_batch hangs: the act in hand
+        wait_until(a_listener.blocked.is_set, 10, what="A blocked in handle_batch")
+        a.elector.rotate()
+        wait_until(lambda: b.elector.is_leader, 10, what="B elected")
+        assert released == [(a_token, True)], "the lease was not released"
+        wait_until(lambda: len(b_listener.keys()) >= 60, 20, what="B handles events")
+        handled_before = len(a_listener.keys())
+        a_listener.gate.set()  # the act finishes after the release: it may not checkpoint
+        wait_state(a, "follower")
+        tail = a_listener.keys()[handled_before:]
+        expected = finish_writes(writer, since, a_listener, b_listener, at_least=160)
+    finally:
+        writer.stop_event.set()
+        a_listener.gate.set()
+        a.stop()
+        b.stop()
+    assert tail, "A's hung batch was never handled"
+    assert set(tail) <= set(b_listener.keys()), "the successor did not replay A's tail"
+    assert not set(expected) - handled_by(a_listener, b_listener), "events missing"
+    assert_monotonic(scene.store.accepted)
+    b_first = next(i for i, cp in enumerate(scene.store.accepted) if cp.fencing_token > a_token)
+    assert all(cp.fencing_token > a_token for cp in scene.store.accepted[b_first:]), (
+        "A saved a checkpoint after B took over"
+    )
+    outcome = a.status().last_outcome
+    assert outcome is not None and (outcome.kind, outcome.reason) == ("lost", "released")

@@ -197,17 +197,41 @@ def test_rotate_now_releases(
     assert assert_leads(other).token > token
 
 
-def test_failed_drain_does_not_release(backend: FlakyBackend, clock: FakeClock) -> None:
-    gate = threading.Event()
-    e, _, token = leading(
-        backend, clock, before_release=lambda ld: gate.wait(5), release_timeout=0.05
-    )
-    e.rotate()
-    e.tick()
+def test_overrunning_drain_is_released_anyway_and_fenced(
+    backend: FlakyBackend, clock: FakeClock
+) -> None:
+    gate, finished = threading.Event(), threading.Event()
+    after: list[bool] = []
+
+    def drain(ld: Leadership) -> None:  # in-flight work that outlives the bound
+        gate.wait(5)
+        after.append(ld.valid())
+        finished.set()
+
+    e, rec, token = leading(backend, clock, before_release=drain, release_timeout=0.05)
+    released: list[tuple[int, bool]] = []
+    e.subscribe(on_released=lambda ld, ok: released.append((ld.token, ok)))
+    with captured_logs() as logs:
+        e.rotate()
+        e.tick()
+    assert rec.events[-1] == ("lost", "a", token, "released")
+    assert backend.inspect("job") is None  # released, not left to expire
+    assert released == [(token, True)]
+    assert any("releasing anyway" in m for lvl, m in logs if lvl == "WARNING")
+    other = make(backend, clock, identity="b")
+    other.tick()
+    assert assert_leads(other).token > token  # the successor takes over at once
     gate.set()
-    assert not e.is_leader
-    state = backend.inspect("job")
-    assert state is not None and state.token == token  # left to expire, not released mid-drain
+    assert finished.wait(5)
+    assert after == [False]  # the drain still running may not act: demoted before the release
+
+
+def test_stop_releases_a_tenure_past_its_deadline(backend: FlakyBackend, clock: FakeClock) -> None:
+    e, rec, token = leading(backend, clock)
+    clock.advance(e.renew_deadline)  # the deadline passed, the store still holds it (ttl)
+    e.stop()
+    assert rec.events[-1] == ("lost", "a", token, "expired")
+    assert backend.inspect("job") is None
 
 
 def test_rotate_on_a_follower_is_ignored(backend: FlakyBackend, clock: FakeClock) -> None:

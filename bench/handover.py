@@ -1,0 +1,182 @@
+"""Planned handovers under load: SIGTERM and rotation (SIGUSR1) with three ``singleton run``
+replicas mirroring ~1,000 events/s into Elasticsearch (embedded Redis, SecantusDB, osmem-server).
+
+* gap: signal sent to the leader -> a new tenure holds the lease (the lease store polled every
+  2 ms), p50/p99/max per kind; goal p99 <= 100 ms;
+* ``waited_for_expiry``: planned handovers whose leader did not give the lease back (no
+  ``released: ... token=T ok=True`` line in its log), so the successor waited for the ttl; goal 0.
+
+    python -m bench.handover            # ROUNDS of each kind
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import tempfile
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pymongo
+
+from singleton.backends.redis import RedisLeaseBackend
+from singleton.errors import SingletonError
+from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
+from singleton.service.embedded import ElasticServer, MongoServer, RedisServer, wait_until
+
+LEASE = "bench-handover"
+ROUNDS = int(os.environ.get("BENCH_HANDOVER_ROUNDS", "15"))
+RATE = 1000.0  # inserts per second, in batches of 20
+KINDS = {"sigterm": signal.SIGTERM, "rotate": signal.SIGUSR1}
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _config(root: Path, redis_url: str, mongo_url: str, es_url: str) -> Path:
+    config = root / "singleton.toml"
+    config.write_text(
+        f"""backend = "redis"
+redis_url = "{redis_url}"
+mongo_url = "{mongo_url}"
+es_url = "{es_url}"
+namespace = "bench"
+log_level = "INFO"
+
+[lease]
+ttl = 4.0
+renew_interval = 1.0
+renew_deadline = 2.5
+retry_interval = 1.0
+cooldown = 1.0
+
+[[listeners]]
+use = "elasticsearch"
+name = "{LEASE}"
+database = "bench"
+collection = "orders"
+index = "bench-handover"
+"""
+    )
+    return config
+
+
+def _released(log: Path, token: int) -> bool:
+    """Whether the replica whose log is ``log`` gave back the lease of tenure ``token``."""
+    pattern = re.compile(rf"released: lease={re.escape(LEASE)} \S+ token={token} ok=True")
+    return bool(pattern.search(log.read_text(errors="replace")))
+
+
+def main() -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="bench-handover-"))
+    servers = [
+        RedisServer(log_dir=str(root)),
+        MongoServer(log_dir=str(root)),
+        ElasticServer(log_dir=str(root)),
+    ]
+    for s in servers:
+        s.start()
+    redis_srv, mongo_srv, es_srv = servers
+    config = _config(root, redis_srv.url, mongo_srv.url, es_srv.url)
+    env = child_environment()
+    procs = {
+        f"r{i}": ReplicaProcess(
+            f"r{i}",
+            singleton_command("run", "--config", str(config), "--identity", f"r{i}"),
+            root / f"r{i}.log",
+            env,
+        )
+        for i in range(3)
+    }
+    backend = RedisLeaseBackend(redis_srv.url, namespace="bench")
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_srv.url)
+    stop = threading.Event()
+    written = [0]
+
+    def writer() -> None:
+        coll = client["bench"]["orders"]
+        step = 20
+        next_at = time.monotonic()
+        while not stop.is_set():
+            base = written[0]
+            coll.insert_many([{"_id": base + i, "n": base + i} for i in range(step)])
+            written[0] += step
+            next_at += step / RATE
+            stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def holder() -> tuple[str, int] | None:
+        state = backend.inspect(LEASE)
+        return None if state is None else (state.identity, state.token)
+
+    gaps: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    expired: dict[str, int] = {kind: 0 for kind in KINDS}
+    try:
+        for p in procs.values():
+            p.start()
+        wait_until(lambda: holder() is not None, 30, what="a leader")
+        t = threading.Thread(target=writer, daemon=True)
+        t.start()
+        started = time.monotonic()
+        stop.wait(5.0)  # steady state under load
+        for round_ in range(ROUNDS * len(KINDS)):
+            kind = list(KINDS)[round_ % len(KINDS)]
+            wait_until(lambda: holder() is not None, 30, what="a leader")
+            held = holder()
+            assert held is not None
+            old, token = held
+            victim = procs[old]
+            sent = time.monotonic()
+            victim.signal(KINDS[kind])
+
+            def moved(previous: int = token) -> bool:  # another tenure (maybe the same replica's)
+                now = holder()
+                return now is not None and now[1] != previous
+
+            wait_until(moved, 30, interval=0.002, what="successor")
+            gaps[kind].append(time.monotonic() - sent)
+            if kind == "sigterm":
+                victim.wait(20)
+            try:  # logged before the process exits, or right after the rotation
+                wait_until(partial(_released, victim.log_path, token), 2.0, what="release")
+            except SingletonError:
+                expired[kind] += 1
+            if kind == "sigterm":
+                victim.start()
+            stop.wait(1.5)  # the restarted or rotated replica becomes a follower again
+        rate = written[0] / (time.monotonic() - started)
+        stop.set()
+        t.join(5)
+        return {
+            "write_rate_per_s": round(rate, 1),
+            **{
+                f"{kind}_handover_ms": {
+                    "p50": round(_pct(values, 0.5) * 1000, 1),
+                    "p99": round(_pct(values, 0.99) * 1000, 1),
+                    "max": round(max(values) * 1000, 1),
+                    "rounds": len(values),
+                    "waited_for_expiry": expired[kind],
+                    "goal_p99": 100,
+                }
+                for kind, values in gaps.items()
+            },
+            "waited_for_expiry_goal": 0,
+        }
+    finally:
+        stop.set()
+        for p in procs.values():
+            p.stop()
+        backend.close()
+        client.close()
+        for s in reversed(servers):
+            s.cleanup()
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=2))

@@ -1,0 +1,86 @@
+"""The handover gate: a drain waits for the act in hand, never for a read, and the acknowledged
+position is saved exactly once, on whichever thread gets there first."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from listeners.handover import Drained, HandoverGate
+from singleton.errors import LeaseLostError
+
+
+def test_a_drain_does_not_wait_for_a_read_and_the_read_is_dropped() -> None:
+    drain, reading, read = threading.Event(), threading.Event(), threading.Event()
+    gate = HandoverGate(drain)
+    saves: list[str] = []
+    outcome: list[str] = []
+
+    def run() -> None:  # a tenure whose read (a getMore) returns only when ``read`` is set
+        try:
+            with gate.acting(lambda: saves.append(threading.current_thread().name)):
+                with gate.waiting():
+                    reading.set()
+                    read.wait(30)
+                outcome.append("acted on what it read")
+        except Drained:
+            outcome.append("drained")
+
+    worker = threading.Thread(target=run, name="worker", daemon=True)
+    worker.start()
+    assert reading.wait(10)
+    drain.set()
+    assert gate.close(timeout=30) is True  # returns while the read still blocks
+    assert not read.is_set()
+    assert saves == [threading.current_thread().name]  # saved by the drain, once
+    read.set()  # the read returns with events: they are the successor's
+    worker.join(10)
+    assert outcome == ["drained"]
+    assert saves == [threading.current_thread().name]
+
+
+def test_a_drain_waits_for_the_act_in_hand_at_most_its_bound() -> None:
+    drain = threading.Event()
+    gate = HandoverGate(drain)
+    saves: list[str] = []
+    acting, finish = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def final() -> None:
+        saves.append("worker")
+        raise LeaseLostError("demoted: the bound passed and the lease was released")
+
+    def run() -> None:
+        try:
+            with gate.acting(final):
+                acting.set()
+                finish.wait(30)  # handle_batch, slower than the bound
+                gate.check()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert acting.wait(10)
+    drain.set()
+    assert gate.close(timeout=0.01) is False  # the act outlasts the bound
+    finish.set()
+    t.join(10)
+    # The late act's own save is tried once and refused (the tenure was demoted): not drained.
+    assert saves == ["worker"]
+    assert [type(e) for e in errors] == [LeaseLostError]
+
+
+def test_a_late_drain_after_the_tenure_ended_saves_nothing() -> None:
+    drain = threading.Event()
+    gate = HandoverGate(drain)
+    saves: list[str] = []
+    with gate.acting(lambda: saves.append("x")):
+        pass
+    drain.set()
+    assert gate.close(timeout=1) is True
+    assert saves == []
+    with pytest.raises(Drained), gate.acting(lambda: saves.append("y")):
+        pass  # a worker that starts after the drain does nothing
+    assert saves == []
