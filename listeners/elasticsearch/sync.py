@@ -20,8 +20,9 @@ is frozen *between* ``ctx.check()`` and the send for longer than ``gc_deletes`` 
 
 Resync. The index name users query is an alias (:mod:`.index`): an initial sync or a resync copies
 into a fresh physical index, replays what happened since the copy began, then moves the alias in
-one atomic ``_aliases`` call and drops the old index, so nothing deleted meanwhile survives.
-``on_history_lost`` is therefore ``"resync"`` by default: a mirror can always be rebuilt.
+one atomic ``_aliases`` call and drops the old index, so nothing deleted meanwhile survives (a
+partition copies in place: :mod:`.partitioned`). ``on_history_lost`` is therefore ``"resync"``
+by default: a mirror can always be rebuilt.
 
 What is never indexed goes to the dead letters with its reason, in the copy and in the stream
 alike, and the sync goes on: an ``_id`` over 512 bytes (:mod:`.ids`), a non-finite number
@@ -49,7 +50,7 @@ from listeners.base import (
     StopReason,
 )
 from listeners.deadletter import DeadLetterStore
-from listeners.elasticsearch import fragments
+from listeners.elasticsearch import fragments, partitioned
 from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkStats, BulkWriter, DeadLetter
 from listeners.elasticsearch.copy import InitialCopy
 from listeners.elasticsearch.deadletters import EsDeadLetters
@@ -61,26 +62,18 @@ from listeners.elasticsearch.documents import (
 from listeners.elasticsearch.documents import index_name as make_index_name
 from listeners.elasticsearch.index import IndexKeeper
 from listeners.elasticsearch.items import ItemMaker
+from listeners.elasticsearch.options import check_numbers
 from listeners.elasticsearch.transport import Transport, describe, make_transport
 from listeners.elasticsearch.versioning import EventVersioner, first_seq_at
 from listeners.elasticsearch.window import BulkWindow
 from singleton import mongo
 from singleton.errors import ConfigurationError
-from singleton.retry import Backoff
 
 _WRITES = frozenset({"insert", "replace", "update", "delete"})
 #: The collection is gone (or renamed away): what ``on_drop`` applies to.
 _DROPS = frozenset({"drop", "dropDatabase", "rename"})
 #: The origin of copied documents, for their dead-letter records.
 _COPIED = {"op": "initial_sync"}
-_POSITIVE_INTEGERS = (
-    "bulk_actions",
-    "bulk_bytes",
-    "concurrency",
-    "copy_batch_size",
-    "window_bytes",
-)
-_POSITIVE_NUMBERS = ("request_timeout", "ttl", "gc_safety_factor", "retry_timeout")
 
 
 class ElasticsearchSync(ChangeStreamListener):
@@ -175,22 +168,7 @@ class ElasticsearchSync(ChangeStreamListener):
                 f"{cls} indexes whole documents: full_document must be updateLookup, got "
                 f"{self.full_document!r}"
             )
-        for opt in _POSITIVE_INTEGERS:
-            value = getattr(self, opt)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{cls}.{opt} must be an integer >= 1, got {value!r}")
-        for opt in _POSITIVE_NUMBERS:
-            value = getattr(self, opt)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigurationError(f"{cls}.{opt} must be a number > 0, got {value!r}")
-        if self.gc_safety_factor < 1:
-            raise ConfigurationError(
-                f"{cls}.gc_safety_factor must be >= 1, got {self.gc_safety_factor!r}"
-            )
-        try:
-            Backoff(self.backoff_base, self.backoff_max)
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"{cls}.backoff_base / backoff_max: {exc}") from exc
+        check_numbers(self, cls)
         self.transform = resolve_transform(self.transform)
         self._index_name = make_index_name(self.index, str(self.database), str(self.collection))
 
@@ -375,26 +353,32 @@ class ElasticsearchSync(ChangeStreamListener):
     def initial_sync(self, ctx: ListenerContext) -> None:
         """Copy the collection into a fresh physical index (resumably, see :mod:`.copy`),
         replay what happened since the copy began, then move the alias onto it atomically and
-        drop the old index (see :mod:`.index`). Used for the first sync and every resync."""
+        drop the old index (see :mod:`.index`). Used for the first sync and every resync. A
+        partition copies its own documents in place instead (:mod:`.partitioned`)."""
         writer, index = self._setup(ctx)
-        items = self._items
+        items, part, alias = self._items, self.partition, self._index_name
         assert items is not None
-        alias = self._index_name
         saved = ctx.load_progress() or {}
         target = saved.get("target")
-        if not isinstance(target, str) or not index.exists(target):
+        if part is not None:
+            target = partitioned.live_index(index, alias, part, ctx)
+        elif not isinstance(target, str) or not index.exists(target):
             if saved:
                 ctx.save_progress(None)  # a copy into an index that is gone, or pre-alias
             target = index.fresh(alias, ctx)
         ctx.logger.info("initial sync of {}: copying into {} (alias {})", self.name, target, alias)
+        mine = partitioned.owner(part)
         copy = InitialCopy(
             name=self.lease_name,
-            make_item=lambda doc, version: items.item(doc, doc["_id"], version, _COPIED, target),
-            replay=lambda events, c: self._apply(events, c, target),
+            make_item=lambda doc, version: (
+                items.item(doc, doc["_id"], version, _COPIED, target) if mine(doc["_id"]) else None
+            ),
+            replay=lambda events, c: self._apply(partitioned.only(part, events), c, target),
             batch_size=self.copy_batch_size,
             replay_batch=self.batch_size,
             progress_extra={"target": target},
         )
         copy.run(ctx, self._collection(ctx), writer)
-        index.swap(alias, target, ctx)
+        if part is None:
+            index.swap(alias, target, ctx)
         ctx.save_progress(None)

@@ -1,0 +1,50 @@
+"""A partitioned ``ElasticsearchSync`` (``partitions = K``): K leaders share one index.
+
+Each partition mirrors only its own documents (:mod:`listeners.partition`), so an initial sync or
+a resync of one partition must not rebuild the index behind the alias the way an unpartitioned
+listener does: that would drop the other partitions' documents. A partition therefore copies its
+documents **in place**, into the live index, with the copy's external versions (which never
+regress a newer document), and replays only its own events of the copy window. Partition 0
+creates the index (behind the alias) when there is none; the others wait for it, retrying as
+for an unavailable sink.
+
+The price of copying in place: a document of that partition deleted while its history was lost
+(the case a resync exists for) stays in the index. ``singleton verify --repair`` removes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from listeners.partition import Partition
+from singleton.errors import SinkUnavailableError
+
+if TYPE_CHECKING:
+    from listeners.base import ChangeEvent, ListenerContext
+    from listeners.elasticsearch.index import IndexKeeper
+
+
+def live_index(index: IndexKeeper, alias: str, part: Partition, ctx: ListenerContext) -> str:
+    """The index a partition copies into: the alias, created (by partition 0) if missing."""
+    if index.targets(alias) or index.exists(alias):
+        return alias
+    if part.index != 0:
+        raise SinkUnavailableError(
+            f"index {alias} does not exist yet: partition {part.index} of {part.count} waits for "
+            "partition 0 to create it"
+        )
+    index.fresh(alias, ctx, with_alias=True)
+    return alias
+
+
+def owner(part: Partition | None) -> Callable[[Any], bool]:
+    """Whether a document ``_id`` is this partition's (always, unpartitioned)."""
+    if part is None:
+        return lambda _key: True
+    return lambda key: part.owns({"documentKey": {"_id": key}})
+
+
+def only(part: Partition | None, events: Sequence[ChangeEvent]) -> Sequence[ChangeEvent]:
+    """This partition's events (all of them, unpartitioned)."""
+    return events if part is None else [e for e in events if part.owns(e)]
