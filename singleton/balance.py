@@ -2,7 +2,9 @@
 
 With ``L`` leases (listeners, partitions, jobs: every :class:`~singleton.elector.Elector` added
 here) over ``R`` live replicas, a replica contends for a lease only while it holds fewer than its
-share, ``ceil(L / R)``; a replica holding more than its share, or two more than the least loaded
+share, ``ceil(L / R)``, or when no other live replica reports fewer than its share (so a lease
+that a stopping or crashed replica gave up is taken at once, even before the members' view
+drops it); a replica holding more than its share, or two more than the least loaded
 replica, hands one lease over the planned way (:meth:`Elector.rotate`: drain, checkpoint,
 release), then waits ``settle`` seconds before it considers another. The replica that sheds on a
 tie is the most loaded one with the smallest identity, so two replicas never shed at once.
@@ -28,7 +30,7 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from loguru import logger
 
@@ -39,8 +41,15 @@ from singleton.leadership import Leadership
 from singleton.membership import Member, Membership
 from singleton.timings import LeaseTimings
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from singleton.callbacks import Subscribers
+
 #: The membership group every replica of a namespace joins unless told otherwise.
 DEFAULT_GROUP = "replicas"
+#: A view older than this is read again before a contend is refused on it.
+FRESH = 0.05
 #: How long an admitted contend counts against the share if :meth:`Balancer.done` never comes.
 CONTEND_WINDOW = 5.0
 
@@ -67,6 +76,8 @@ class Balanced(Protocol):
     def leadership(self) -> Leadership | None: ...
 
     def rotate(self) -> None: ...
+
+    def subscribe(self, **callbacks: Unpack[Subscribers]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -147,12 +158,16 @@ class Balancer:
         self._failed = False
         self.sheds = 0
         self._stop = threading.Event()
+        self._poked = threading.Event()  # heartbeat now: our holdings changed, or a stale view
         self._thread: threading.Thread | None = None
 
     # -- wiring ---------------------------------------------------------------------------
     def add(self, elector: Balanced) -> None:
-        """Balance ``elector``'s lease with the others (before :meth:`start`)."""
+        """Balance ``elector``'s lease with the others (before :meth:`start`). Every change of
+        its leadership is published at once (a heartbeat), not at the next interval."""
         self._electors[elector.name] = elector
+        elector.subscribe(on_elected=lambda _ld: self._poked.set())
+        elector.subscribe(on_lost=lambda _ld, _reason: self._poked.set())
 
     def start(self) -> Balancer:
         """Heartbeat once now (so the first contends already see the members), then every
@@ -168,6 +183,7 @@ class Balancer:
     def stop(self, timeout: float | None = None) -> None:
         """Stop heartbeating and leave the group, so the others rebalance at once."""
         self._stop.set()
+        self._poked.set()
         if self._thread is not None:
             self._thread.join(timeout)
         try:
@@ -177,7 +193,23 @@ class Balancer:
 
     # -- the gate (elector threads) --------------------------------------------------------
     def gate(self, name: str) -> float:
-        """0 if this replica may contend for ``name`` now, else the seconds to wait first."""
+        """0 if this replica may contend for ``name`` now, else the seconds to wait first.
+
+        Before refusing because another member reportedly has room, the members are read once
+        more (unless read within :data:`FRESH` seconds): reports change with every election."""
+        wait = self._gate(name, refresh=True)
+        if wait is not None:
+            return wait
+        try:
+            members = self.membership.members(self.group)
+        except SingletonError:
+            return self.timings.renew_interval
+        with self._lock:
+            self._seen = _Seen(members, self._clock.monotonic())
+        return self._gate(name, refresh=False) or 0.0
+
+    def _gate(self, name: str, *, refresh: bool) -> float | None:
+        """:meth:`gate`'s decision; ``None``: read the members again first."""
         now = self._clock.monotonic()
         with self._lock:
             self._pending = {
@@ -201,8 +233,16 @@ class Balancer:
             if live & set(preferred) and not vacant:
                 return self.timings.renew_interval
             held = set(self._held(now)) | set(self._pending)
-            if len(held) < share_of(len(self._electors), len(members)) or vacant:
+            share = share_of(len(self._electors), len(members))
+            if len(held) < share or vacant:
                 return self._admit(name, now)
+            counts = self._counts(members, sorted(held))
+            if all(c >= share for i, c in counts.items() if i != self.identity):
+                # nobody else has room either (a member that just stopped or crashed may still
+                # be listed): a free lease is anyone's, and balancing evens it out later
+                return self._admit(name, now)
+            if refresh and now - self._seen.at > FRESH:
+                return None
             return self.timings.renew_interval
 
     def _admit(self, name: str, now: float) -> float:
@@ -328,10 +368,20 @@ class Balancer:
         counts[self.identity] = len(held)  # our own count is known, not reported
         return counts
 
+    def poked(self) -> bool:
+        """Take a pending request for an early heartbeat (for drivers of :meth:`beat`)."""
+        poked = self._poked.is_set()
+        self._poked.clear()
+        return poked
+
     def _run(self) -> None:
         if self.warmup > 0 and not self._stop.wait(self.warmup):
             self.beat()  # the view the first contends use
-        while not self._stop.wait(self.timings.renew_interval):
+        while not self._stop.is_set():
+            self._poked.wait(self.timings.renew_interval)
+            if self._stop.is_set():
+                return
+            self._poked.clear()
             try:
                 self.beat()
             except Exception:  # a bug must not stop the heartbeat silently

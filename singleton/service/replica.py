@@ -308,6 +308,8 @@ class Replica:
         """Drain, checkpoint and release every lease this replica leads (in parallel)."""
         self._stop.set()
         t0 = time.monotonic()
+        if self.balancer is not None:  # leave first: the others' shares grow before we release
+            self.balancer.stop(self.config.shutdown_timeout)
         threads = [
             threading.Thread(target=h.elector.stop, kwargs={"release": True}, daemon=True)
             for h in self.hosted
@@ -320,8 +322,6 @@ class Replica:
             t.join(self.config.shutdown_timeout)
         for h in self.hosted:
             h.runner.stop()
-        if self.balancer is not None:
-            self.balancer.stop(self.config.shutdown_timeout)
         if self.checkpoints is not None:
             self.checkpoints.close()
         if self.mongo is not None:

@@ -68,7 +68,7 @@ class Sim:
         for r in self.replicas.values():
             if not r.alive:
                 continue
-            if now >= r.next_beat:
+            if now >= r.next_beat or r.balancer.poked():
                 r.balancer.beat()
                 r.next_beat = now + TIMINGS.renew_interval
             for e in r.electors:
@@ -229,3 +229,28 @@ def test_bad_settle_is_refused(bad: float) -> None:
             Balancer(backend, "a", TIMINGS, settle=bad)
     else:
         assert Balancer(backend, "a", TIMINGS, settle=bad).settle == 0
+
+
+def test_a_lease_given_up_is_taken_at_once_even_before_the_view_drops_its_holder() -> None:
+    sim = started(3, "a", "b", "c")
+    sim.settle_within(3 * TTL)
+    sim.run(2 * TIMINGS.renew_interval)  # steady: every member has published what it holds
+    assert sorted(sim.counts().values()) == [1, 1, 1]
+    leaving = sim.holders["l0"]
+    assert leaving is not None
+    r = sim.replicas[leaving]
+    r.electors[0].stop()  # a planned stop releases l0; its heartbeat is still listed
+    r.alive = False
+    sim.step()
+    sim.step()
+    assert sim.holders["l0"] not in (None, leaving)
+
+
+def test_a_crashed_replicas_lease_is_taken_when_it_expires() -> None:
+    sim = started(3, "a", "b", "c")
+    sim.settle_within(3 * TTL)
+    victim = sim.holders["l1"]
+    assert victim is not None
+    sim.crash(victim)
+    sim.run(TTL + 2 * STEP)  # the lease has expired; the heartbeat may still be listed
+    assert sim.holders["l1"] not in (None, victim)
