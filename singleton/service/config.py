@@ -175,6 +175,8 @@ def _coerce(where: str, value: Any, types: tuple[type, ...], from_text: bool) ->
     if value is None:
         return None
     if bool in types:
+        if not from_text and not isinstance(value, bool):
+            raise ConfigurationError(f"{where} must be true or false, got {value!r}")
         text = str(value).lower() if from_text else value
         if text in (True, "true", "1", "yes"):
             return True

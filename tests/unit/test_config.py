@@ -182,3 +182,46 @@ def test_cli_bad_input_exits_2(
     err = capsys.readouterr().err
     assert message in err, err
     assert "hunter2" not in err
+
+
+_PLACED = '[[listeners]]\nuse = "logging"\nname = "orders"\ndatabase = "d"\ncollection = "c"\n'
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("partitions = 0", "listeners[0].partitions must be an integer from 1 to 1024, got 0"),
+        ("partitions = 2.5", "listeners[0].partitions must be an integer"),
+        ('prefer = "a"', "listeners[0].prefer must be a list of replica identities, got 'a'"),
+        ("min_tenure = -1", "listeners[0].min_tenure must be seconds in [0, 1e6), got -1"),
+    ],
+)
+def test_bad_placement_keys_name_the_value(tmp_path: Path, extra: str, message: str) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(_PLACED + extra + "\n", encoding="utf-8")
+    with pytest.raises(ConfigurationError) as err:
+        load_config(path)
+    assert message in str(err.value)
+
+
+def test_placement_keys_never_reach_the_listener(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(
+        _PLACED + 'partitions = 3\nprefer = ["r1"]\nmin_tenure = 30\n', encoding="utf-8"
+    )
+    config = load_config(path)
+    (lc,) = config.listeners
+    assert (lc.partitions, lc.prefer, lc.min_tenure) == (3, ("r1",), 30.0)
+    assert "partitions" not in lc.options
+    names = [listener.lease_name for listener in build_listeners(config)]
+    assert names == ["orders.0-of-3", "orders.1-of-3", "orders.2-of-3"]
+    assert config.redacted()["listeners"][0]["partitions"] == 3
+
+
+def test_balance_is_a_boolean(tmp_path: Path) -> None:
+    assert load_config(None).balance is True
+    assert load_config(None, {"SINGLETON_BALANCE": "false"}).balance is False
+    path = tmp_path / "s.toml"
+    path.write_text('balance = "yes"\n', encoding="utf-8")
+    with pytest.raises(ConfigurationError, match="balance must be true or false, got 'yes'"):
+        load_config(path)
