@@ -274,6 +274,7 @@ class Balancer:
         now = self._clock.monotonic()
         with self._lock:
             self._seen = _Seen(members, now)
+            held = self._held(now)  # again: a tenure may have ended during the round trip
             counts = self._counts(members, held)
             if sum(counts.values()) < len(self._electors):
                 if self._vacant_since is None:

@@ -254,3 +254,20 @@ def test_a_crashed_replicas_lease_is_taken_when_it_expires() -> None:
     sim.crash(victim)
     sim.run(TTL + 2 * STEP)  # the lease has expired; the heartbeat may still be listed
     assert sim.holders["l1"] not in (None, victim)
+
+
+def test_a_tenure_ending_during_the_heartbeat_round_trip_does_not_crash_the_beat() -> None:
+    sim = started(4, "a")
+    sim.run(2)
+    sim.add("b")  # "a" now holds more than its share: the beat will pick a lease to hand over
+    balancer = sim.replicas["a"].balancer
+    beat = balancer.membership.heartbeat
+
+    def heartbeat_while_a_lease_is_lost(*args: object, **kwargs: object) -> None:
+        beat(*args, **kwargs)  # type: ignore[arg-type]
+        assert sim.replicas["a"].electors[0].resign(60.0)  # l0's tenure ends now
+        balancer.view()  # another thread reads the view meanwhile
+
+    balancer.membership.heartbeat = heartbeat_while_a_lease_is_lost  # type: ignore[method-assign]
+    balancer.beat()  # raised KeyError when it decided on the holdings read before the call
+    assert "l0" not in balancer.view().held
