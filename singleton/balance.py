@@ -6,10 +6,11 @@ share, ``ceil(L / R)``, or when no other live replica reports fewer than its sha
 that a stopping or crashed replica gave up is taken at once, even before the members' view
 drops it); a replica holding more than its share, or two more than the least loaded
 replica, hands one lease over the planned way (:meth:`Elector.rotate`: drain, checkpoint,
-release), then waits ``settle`` seconds before it considers another. The replica that sheds on a
-tie is the most loaded one with the smallest identity, so two replicas never shed at once.
+release), then waits two heartbeats (for the others to take it and report) before the next.
+The replica that sheds on a tie is the most loaded one with the smallest identity, so two
+replicas never shed at once.
 
-Hysteresis: a shed happens only after the same member set has wanted it for ``settle`` seconds
+Hysteresis: shedding starts only after the same member set has wanted it for ``settle`` seconds
 (default: the lease ttl), and never of a lease held for less than its ``min_tenure``, so a member
 that flickers in and out, or a late heartbeat, moves nothing.
 
@@ -74,6 +75,9 @@ class Balanced(Protocol):
 
     @property
     def leadership(self) -> Leadership | None: ...
+
+    @property
+    def cooling(self) -> bool: ...
 
     def rotate(self) -> None: ...
 
@@ -219,6 +223,8 @@ class Balancer:
             }
             if now < self._warm_at:
                 return self._warm_at - now
+            if refresh and self._seen.at < self._warm_at:
+                return None  # the first contends after the warm-up read the members first
             members = self._live(now)
             if members is None:
                 return 0.0  # no fresh view: plain election, never stuck
@@ -236,7 +242,7 @@ class Balancer:
             share = share_of(len(self._electors), len(members))
             if len(held) < share or vacant:
                 return self._admit(name, now)
-            counts = self._counts(members, sorted(held))
+            counts = self._room(members, self._counts(members, sorted(held)))
             if all(c >= share for i, c in counts.items() if i != self.identity):
                 # nobody else has room either (a member that just stopped or crashed may still
                 # be listed): a free lease is anyone's, and balancing evens it out later
@@ -260,7 +266,8 @@ class Balancer:
         now = self._clock.monotonic()
         with self._lock:
             held = self._held(now)
-        info = {"held": len(held), "leases": len(self._electors)}
+        cooling = sum(1 for e in self._electors.values() if e.cooling and e.leadership is None)
+        info = {"held": len(held), "leases": len(self._electors), "cooling": cooling}
         try:
             self.membership.heartbeat(self.group, self.identity, self.timings.ttl, info)
             members = self.membership.members(self.group)
@@ -281,7 +288,7 @@ class Balancer:
                     self._vacant_since = now
             else:
                 self._vacant_since = None
-            shed = self._decide(counts, held, now)
+            shed = self._decide(self._room(members, counts), held, now)
         if shed is not None:
             self._electors[shed].rotate()
 
@@ -312,9 +319,11 @@ class Balancer:
             return None
         if self._want is None or self._want[0] != key:
             self._want = (key, now)
-        if now - self._want[1] < self.settle or now - self._last_shed < self.settle:
+        # Hysteresis: the same members must have wanted it for ``settle``; then one lease per
+        # two heartbeats (time for the others to take it and say so) while it still holds.
+        gap = 2 * self.timings.renew_interval
+        if now - self._want[1] < self.settle or now - self._last_shed < gap:
             return None
-        self._want = None
         self._last_shed = now
         self.sheds += 1
         logger.info(
@@ -368,6 +377,14 @@ class Balancer:
                 counts[m.identity] = 0
         counts[self.identity] = len(held)  # our own count is known, not reported
         return counts
+
+    def _room(self, members: list[Member], counts: Mapping[str, int]) -> dict[str, int]:
+        """``counts`` for deciding who has room: a member sitting out a cooldown on some lease
+        (it just handed one over, or its work there failed) counts as full, so that nobody
+        leaves a lease to it, or sheds one for it."""
+        share = share_of(len(self._electors), len(members))
+        cooling = {m.identity for m in members if m.info.get("cooling", "0") not in ("", "0")}
+        return {i: max(c, share) if i in cooling else c for i, c in counts.items()}
 
     def poked(self) -> bool:
         """Take a pending request for an early heartbeat (for drivers of :meth:`beat`)."""

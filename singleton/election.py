@@ -118,6 +118,10 @@ class Election:
         """Following, and not sitting out a cooldown: a release is the only news to wait for."""
         return self._leadership is None and self._clock.monotonic() >= self._cooldown_until
 
+    def cooling(self) -> bool:
+        """Sitting out a cooldown (after a handover, or a tenure whose work failed)."""
+        return self._clock.monotonic() < self._cooldown_until
+
     # -- steps --------------------------------------------------------------------------------
     def tick(self) -> float:
         """Take the step that is due; return the seconds until the next one."""

@@ -191,6 +191,12 @@ class Elector:
         return self._election.health.last_error
 
     @property
+    def cooling(self) -> bool:
+        """True while this elector sits out a cooldown and will not contend (after a handover,
+        or after :meth:`resign`)."""
+        return self._election.cooling()
+
+    @property
     def failing(self) -> bool:
         """True while the latest call to the store failed with an error that retrying will not
         fix (refused credentials or permissions, a misconfiguration): this replica cannot lead

@@ -271,3 +271,18 @@ def test_a_tenure_ending_during_the_heartbeat_round_trip_does_not_crash_the_beat
     balancer.membership.heartbeat = heartbeat_while_a_lease_is_lost  # type: ignore[method-assign]
     balancer.beat()  # raised KeyError when it decided on the holdings read before the call
     assert "l0" not in balancer.view().held
+
+
+def test_a_replica_whose_work_failed_is_not_left_leases_and_nothing_flaps() -> None:
+    sim = started(4, "a", "b", "c")
+    sim.settle_within(3 * TTL)
+    sim.run(2 * TIMINGS.renew_interval)
+    failed = min(sim.counts(), key=lambda i: (sim.counts()[i], i))  # holds one lease
+    (lease,) = [n for n, h in sim.holders.items() if h == failed]
+    elector = sim.replicas[failed].electors[int(lease[1:])]
+    assert elector.resign(600.0)  # its work failed for good: it sits out 10 minutes
+    sim.run(TTL + TIMINGS.renew_interval)
+    assert sim.holders[lease] not in (None, failed)  # the others took it, not waiting for it
+    sim.changes = 0
+    sim.run(30)
+    assert sim.changes == 0  # no shedding towards the replica that cannot take work
