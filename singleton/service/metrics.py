@@ -34,6 +34,7 @@ from singleton.errors import SingletonError
 from singleton.latency import LatencySnapshot
 
 if TYPE_CHECKING:
+    from singleton.balance import Balancer
     from singleton.service.replica import Replica
 
 #: Status attributes exported as metrics, keyed by the label naming their subject (a listener's
@@ -199,6 +200,27 @@ class ReplicaCollector:
         yield from _status_families("lease", runners)
         jobs = [] if self.replica.jobs is None else self.replica.jobs.status()
         yield from _status_families("job", [(job.name, job) for job in jobs])
+        yield from _balance_families(getattr(self.replica, "balancer", None))
+
+
+def _balance_families(balancer: Balancer | None) -> list[Metric]:
+    """This replica's view of the membership (``balance = true``): none without a balancer, and
+    no members or share while the view is stale (the store did not answer within a ttl)."""
+    if balancer is None:
+        return []
+    view = balancer.view()
+    members = GaugeMetricFamily(
+        "singleton_members", "Live replicas this replica sees (heartbeats not expired)"
+    )
+    held = GaugeMetricFamily("singleton_leases_held", "Leases this replica holds now")
+    share = GaugeMetricFamily(
+        "singleton_lease_share", "The most leases one replica should hold: ceil(leases / members)"
+    )
+    held.add_metric([], float(len(view.held)))
+    if not view.stale:
+        members.add_metric([], float(len(view.members)))
+        share.add_metric([], float(view.share))
+    return [members, held, share]
 
 
 class _Handler(BaseHTTPRequestHandler):

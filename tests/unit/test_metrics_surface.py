@@ -16,6 +16,7 @@ from bson.timestamp import Timestamp
 
 from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkWriter
 from listeners.status import RunnerStatus
+from singleton.balance import BalanceView
 from singleton.errors import SinkRejectedError, SinkUnavailableError
 from singleton.health import ElectorStats
 from singleton.service.metrics import MetricsServer
@@ -39,7 +40,11 @@ def _replica(listener: Any = None, **counters: int) -> Any:
     elector = SimpleNamespace(leadership=SimpleNamespace(token=7), stats=ElectorStats())
     runner = SimpleNamespace(status=lambda: status, listener=listener)
     hosted = SimpleNamespace(name="orders", elector=elector, runner=runner)
-    return SimpleNamespace(hosted=[hosted], jobs=None, started_at=1.0, problems=list)
+    view = BalanceView("r1", {"r1": 1, "r2": 2, "r3": 1}, 4, 2, ("orders",))
+    balancer = SimpleNamespace(view=lambda: view)
+    return SimpleNamespace(
+        hosted=[hosted], jobs=None, balancer=balancer, started_at=1.0, problems=list
+    )
 
 
 def _scrape(accept: str, replica: Any = None) -> tuple[str, str]:
@@ -101,3 +106,47 @@ def test_sink_errors_are_served_by_kind() -> None:
     _, plain = _scrape("text/plain")  # a listener without sink stats: the runner's count only
     assert 'singleton_sink_errors_total{kind="handle_batch",lease="orders"} 0.0' in plain
     assert 'kind="unavailable"' not in plain
+
+
+def test_membership_is_served_from_the_balancers_view() -> None:
+    """Members, leases held and share come from ``replica.balancer.view()`` at scrape time; a
+    stale view serves what this replica holds but no members or share; no balancer, none."""
+    _, body = _scrape("text/plain")
+    assert "singleton_members 3.0" in body
+    assert "singleton_leases_held 1.0" in body
+    assert "singleton_lease_share 2.0" in body
+    stale = _replica()
+    stale.balancer = SimpleNamespace(
+        view=lambda: BalanceView("r1", {}, 4, 4, ("orders", "b"), stale=True)
+    )
+    _, body = _scrape("text/plain", stale)
+    assert "singleton_leases_held 2.0" in body
+    assert not re.search(r"^singleton_(members|lease_share) ", body, re.MULTILINE)
+    unbalanced = _replica()
+    unbalanced.balancer = None
+    _, body = _scrape("text/plain", unbalanced)
+    assert "singleton_leases_held" not in body
+
+
+def test_membership_metrics_from_a_real_balancer() -> None:
+    """A real :class:`Balancer` on the in-memory store: after one heartbeat this replica sees
+    itself and another member, holds nothing, and its share of two leases is one."""
+    from singleton.balance import Balancer
+    from singleton.testing import MemoryLeaseBackend
+    from singleton.timings import LeaseTimings
+
+    backend = MemoryLeaseBackend()
+    timings = LeaseTimings.of(ttl=10)
+    backend.membership().heartbeat("replicas", "r2", 10, {"held": 0})
+    balancer = Balancer(backend, "r1", timings)
+    for name in ("a", "b"):
+        elector = SimpleNamespace(name=name, leadership=None, rotate=lambda: None)
+        elector.subscribe = lambda **callbacks: None
+        balancer.add(elector)
+    balancer.beat()
+    replica = _replica()
+    replica.balancer = balancer
+    _, body = _scrape("text/plain", replica)
+    assert "singleton_members 2.0" in body
+    assert "singleton_leases_held 0.0" in body
+    assert "singleton_lease_share 1.0" in body
