@@ -1,7 +1,9 @@
 """The failover drill end to end: ``singleton drill`` as a user runs it (a subprocess, --json).
 
-A short drill of mixed faults must pass on each lease backend, and the same drill with fencing
-switched off (the test-only switch) must fail its verdict: the drill catches what it claims to.
+A short drill of mixed faults must pass on each lease backend (on MongoDB leases with two
+listeners of two partitions each: five leases balanced over three replicas after every fault),
+and the same drill with fencing switched off (the test-only switch) must fail its verdict: the
+drill catches what it claims to.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ def drill(tmp_path: Path, *args: str, timeout: float = 200) -> tuple[int, dict[s
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("backend", ["redis", "mongo"])
-def test_short_drill_of_mixed_faults_passes(backend: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("backend", "listeners", "partitions"), [("redis", 2, 2), ("mongo", 1, 1)])
+def test_short_drill_of_mixed_faults_passes(
+    backend: str, listeners: int, partitions: int, tmp_path: Path
+) -> None:
     assert have_faketime(), "clock-jump needs Debian's faketime (make sysdeps)"
     report = tmp_path / "drill.html"
     code, result, log = drill(
@@ -45,9 +49,23 @@ def test_short_drill_of_mixed_faults_passes(backend: str, tmp_path: Path) -> Non
         TTL,
         "--report",
         str(report),
+        "--listeners",
+        str(listeners),
+        "--partitions",
+        str(partitions),
     )
     assert code == 0 and result["ok"], (result["failures"], log[-3000:])
     assert result["faults"] == ROUNDS
+    assert (result["listeners"], result["partitions"]) == (listeners, partitions)
+    assert len(result["by_listener"]) == listeners
+    for li in result["by_listener"]:  # every index equals the collection
+        assert len(li["leases"]) == partitions
+        assert (li["missing"], li["stale"], li["resurrected"], li["extra"]) == (0, 0, 0, 0), li
+        assert li["es"] == result["documents"]["mongo"]
+    # after every fault: every lease held, leases per live replica within one, in the bound
+    balance = result["balance"]
+    assert balance["faults"] == ROUNDS and balance["unbalanced"] == 0, balance["by_fault"]
+    assert all(b["ok"] and b["seconds"] <= balance["bound"] for b in balance["by_fault"])
     kinds = {k for k, n in result["faults_by_kind"].items() if n}
     expected = set(parse_kinds(None, backend))  # every kind that applies, the new ones too
     assert {"lease-wipe", "checkpoint-loss", "listener-error"} <= expected
@@ -65,14 +83,16 @@ def test_short_drill_of_mixed_faults_passes(backend: str, tmp_path: Path) -> Non
         assert gap["takeovers"] >= 1 and set(gap) >= {"p50", "p99", "max"}
     # a crash is taken over within a lease ttl and a retry (plus slack for a busy 2-core box),
     # a planned handover (SIGTERM, rotation) typically in milliseconds and never slower than a
-    # crash (a drain that overruns its bound is left to expire instead of released)
+    # crash; it always releases (a drain that overruns its bound hands over without the act)
     ttl, retry = result["timings"]["ttl"], result["timings"]["retry_interval"]
     for kind in ("kill", "term", "rotate"):
         assert result["gaps"][kind]["max"] <= ttl + retry + 1.5, kind
     assert result["gaps"]["term"]["p50"] < 1.0 and result["gaps"]["rotate"]["p50"] < 1.0
     assert result["lag"]["p99"] is not None
+    assert result["planned_expired"] == 0
+    assert result["raw_stream"]["events"] > 0 and result["oplog_max_entries"] is not None
     page = report.read_text()
-    assert "<svg" in page and "PASS" in page
+    assert "<svg" in page and "PASS" in page and "Balance after each fault" in page
     assert result["workdir"] is None  # a passing run cleans up after itself
 
 

@@ -1,10 +1,12 @@
 """``singleton drill``: break the leader every way we know, prove nothing was lost, draw it.
 
-N ``singleton run`` replicas mirror a collection into Elasticsearch with ElasticsearchSync while a
-writer inserts, updates, replaces, deletes and commits transactions. Faults from a seeded
+N ``singleton run`` replicas mirror a collection into Elasticsearch with ``--listeners L``
+ElasticsearchSync listeners (one index each), each split in ``--partitions K``, while a writer
+inserts, updates, replaces, deletes and commits transactions. Faults from a seeded
 schedule hit whoever leads (:mod:`.faults`); after the last one the drill waits for quiescence
-and judges (:mod:`.verdict`). Exit 0 only if every invariant holds, 1 if one does not, 2 on bad
-arguments.
+and judges (:mod:`.verdict`); after every fault the leases must be balanced again over the live
+replicas within 3 x ttl + 5 s (:mod:`.balance`). Exit 0 only if every invariant holds, 1 if one
+does not, 2 on bad arguments.
 
     singleton drill --rounds 20 --faults kill,stop,term,rotate --json --report drill.html
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from singleton.errors import ConfigurationError, SingletonError
+from singleton.service.drill.cluster import DRILL_OPLOG_ENTRIES
 from singleton.service.drill.faults import KINDS, parse_kinds
 from singleton.service.drill.run import Drill, DrillOptions
 from singleton.timings import LeaseTimings
@@ -28,16 +31,41 @@ __all__ = ["Drill", "DrillOptions", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="singleton drill", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="singleton drill",
+        description=__doc__.splitlines()[0],
+        epilog="After every fault, within 3 x ttl + 5 s of its end, every lease (each listener's "
+        "partitions and the drill's job) must be held by a live replica and the leases per live "
+        "replica must differ by at most one, else the verdict fails.",
+    )
     p.add_argument("--backend", default="redis", choices=("redis", "mongo"))
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--rounds", type=int, default=20, help="number of faults (default 20)")
     p.add_argument(
         "--faults", help=f"comma-separated kinds (default: all that apply): {', '.join(KINDS)}"
     )
+    p.add_argument(
+        "--listeners",
+        type=int,
+        default=1,
+        help="ElasticsearchSync listeners, all reading the collection, each into its own index "
+        "(default 1)",
+    )
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        help="partitions = K for every listener: K leases and checkpoints each (default 1)",
+    )
     p.add_argument("--seed", type=int, default=1, help="the schedule is a function of the seed")
     p.add_argument("--rate", type=float, default=40.0, help="writer operations per second")
     p.add_argument("--ttl", type=float, default=2.5, help="lease ttl in seconds (default 2.5)")
+    p.add_argument(
+        "--oplog-entries",
+        type=int,
+        default=DRILL_OPLOG_ENTRIES,
+        help=f"cap of the embedded SecantusDB's oplog (default {DRILL_OPLOG_ENTRIES}; 0: its own)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--report", metavar="FILE", help="write an HTML timeline here")
     p.add_argument("--workdir", help="keep schedule, logs and histories here")
@@ -71,6 +99,12 @@ def options_from(args: argparse.Namespace) -> DrillOptions:
         raise ConfigurationError(f"--replicas must be >= 2, got {args.replicas}")
     if not args.rate > 0:
         raise ConfigurationError(f"--rate must be > 0, got {args.rate}")
+    if not 1 <= args.listeners <= 16:
+        raise ConfigurationError(f"--listeners must be between 1 and 16, got {args.listeners}")
+    if not 1 <= args.partitions <= 16:
+        raise ConfigurationError(f"--partitions must be between 1 and 16, got {args.partitions}")
+    if args.oplog_entries < 0:
+        raise ConfigurationError(f"--oplog-entries must be >= 0, got {args.oplog_entries}")
     kinds = parse_kinds(args.faults, args.backend)
     if args.redis_url and any(k.startswith("redis-") for k in kinds):
         raise ConfigurationError("redis-restart and redis-pause need the embedded Redis")
@@ -87,6 +121,9 @@ def options_from(args: argparse.Namespace) -> DrillOptions:
         es_url=args.es_url,
         unsafe=args.unsafe_disable_fencing,
         timings=timings_for(args.ttl),
+        oplog_max_entries=args.oplog_entries or None,
+        listeners=args.listeners,
+        partitions=args.partitions,
     )
 
 
@@ -94,6 +131,7 @@ def format_summary(result: dict[str, Any]) -> str:
     def sec(v: float | None) -> str:
         return "-" if v is None else f"{v * 1000:.0f}ms" if v < 1 else f"{v:.2f}s"
 
+    bal = result["balance"]
     lines = [
         f"verdict: {'PASS' if result['ok'] else 'FAIL'} ({result['faults']} faults, "
         f"{result['duration']:.0f}s, {result['writes']['ops']} writes, "
@@ -101,14 +139,26 @@ def format_summary(result: dict[str, Any]) -> str:
         f"  documents: mongo {result['documents']['mongo']}, es {result['documents']['es']}; "
         f"missing {result['missing']}, stale {result['stale']}, resurrected "
         f"{result['resurrected']}, extra {result['extra']}",
+        f"  {result['listeners']} listener(s) x {result['partitions']} partition(s): "
+        + "; ".join(
+            f"{li['index']} es {li['es']}, missing {li['missing']}, stale {li['stale']}, "
+            f"resurrected {li['resurrected']}, extra {li['extra']}"
+            for li in result["by_listener"]
+        ),
+        f"  balance (every lease held, leases per live replica within 1) after {bal['faults']} "
+        f"faults: p50 {sec(bal['p50'])}, p99 {sec(bal['p99'])}, max {sec(bal['max'])}; "
+        f"{bal['unbalanced']} not balanced within {bal['bound']:.1f}s",
         f"  checkpoint regressions {result['checkpoint_regressions']}, fencing violations "
-        f"{result['fencing_violations']}, stalls {result['stalls']}",
+        f"{result['fencing_violations']}, stalls {result['stalls']}, planned handovers left to "
+        f"expire {result['planned_expired']}",
         f"  scheduled job: {result['jobs']['runs']} runs, {result['jobs']['twice']} twice, "
         f"{result['jobs']['missing']} missing"
         f"{'' if result['jobs']['missing_fails'] else ' (skipping faults drilled)'}, token "
         f"regressions {result['jobs']['token_regressions']}",
         f"  writer-to-index lag: p50 {sec(result['lag']['p50'])}, p99 {sec(result['lag']['p99'])}, "
-        f"max {sec(result['lag']['max'])}",
+        f"max {sec(result['lag']['max'])}; raw change stream "
+        f"{_rate(result['raw_stream']['per_s'])} events/s (pymongo alone, same SecantusDB, "
+        f"oplog cap {result['oplog_max_entries'] or 'its default'})",
         "  takeover gap (the old tenure's last acknowledged write, or its release, to the next"
         " election):",
         "    fault            faults takeovers      p50      p99      max",
@@ -118,10 +168,20 @@ def format_summary(result: dict[str, Any]) -> str:
             f"    {kind:<16} {g['count']:>6} {g['takeovers']:>9} {sec(g['p50']):>8} "
             f"{sec(g['p99']):>8} {sec(g['max']):>8}"
         )
+    lines.append("  time to balance (from the fault's end):")
+    for b in bal["by_fault"]:
+        lines.append(
+            f"    {b['index'] + 1:>3} {b['kind']:<16} {sec(b['seconds']):>8}"
+            f"{'' if b['ok'] else '  NOT BALANCED'}  held {b['held']}"
+        )
     lines += [f"  FAILED: {f}" for f in result["failures"]]
     if result.get("workdir"):
         lines.append(f"  schedule, logs and histories kept in {result['workdir']}")
     return "\n".join(lines)
+
+
+def _rate(per_s: float | None) -> str:
+    return "-" if per_s is None else f"{per_s:,.0f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from listeners.partition import layout_names
 from singleton.abc import LeaseBackend, LeaseState
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.mongo import client as mongo_client
@@ -42,6 +43,11 @@ from singleton.timings import LeaseTimings
 DATABASE, COLLECTION, INDEX, LEASE = "drill", "orders", "drill-orders", "drill-orders"
 NAMESPACE = "singleton-drill"
 
+
+#: SecantusDB's oplog cap in drills: its reads slow down as the oplog grows, so an unbounded one
+#: makes a long drill measure the stand-in. 20,000 entries keep minutes of history at the drill's
+#: rates, far more than the longest fault keeps a checkpoint behind.
+DRILL_OPLOG_ENTRIES = 20_000
 
 #: Short lease timings; the runner's 0.1 s stream poll must stay <= renew_deadline / 4.
 DRILL_TIMINGS = LeaseTimings.of(
@@ -134,6 +140,33 @@ class ClusterSpec:
     unsafe: bool = False
     #: replicas run under libfaketime, so that their wall clocks can jump
     clock_jumps: bool = False
+    #: the embedded SecantusDB's oplog cap (``None``: its own default)
+    oplog_max_entries: int | None = DRILL_OPLOG_ENTRIES
+    #: ElasticsearchSync listeners, each mirroring the collection into its own index
+    listeners: int = 1
+    #: ``partitions`` of each listener
+    partitions: int = 1
+
+
+@dataclass(frozen=True)
+class DrillListener:
+    """One of the drill's listeners: its name, its index, and its lease names (one per
+    partition, ``<name>.<i>-of-<K>``; the name itself when not partitioned)."""
+
+    name: str
+    index: str
+    leases: tuple[str, ...]
+
+
+def drill_listeners(count: int, partitions: int) -> list[DrillListener]:
+    """The drill's listeners: all read the one collection, each into its own index, so that
+    every index must equal the collection exactly (the first keeps today's names)."""
+    out = []
+    for i in range(count):
+        name = LEASE if i == 0 else f"{LEASE}-{i + 1}"
+        index = INDEX if i == 0 else f"{INDEX}-{i + 1}"
+        out.append(DrillListener(name, index, tuple(layout_names(name, partitions))))
+    return out
 
 
 class DrillCluster:
@@ -146,6 +179,11 @@ class DrillCluster:
         self.timings = spec.timings
         self.unsafe = spec.unsafe
         self.clock_jumps = spec.clock_jumps
+        self.oplog_max_entries = spec.oplog_max_entries
+        self.listeners = drill_listeners(spec.listeners, spec.partitions)
+        self.partitions = spec.partitions
+        #: the lease faults aim at: whoever holds it is "the leader"
+        self.lease = self.listeners[0].leases[0]
         self.redis: PersistentRedis | None = None
         self.servers: list[EmbeddedServer] = []
         self.urls = {"redis": spec.redis_url, "mongo": spec.mongo_url, "es": spec.es_url}
@@ -168,7 +206,7 @@ class DrillCluster:
             self.servers.append(self.redis)
             self.urls["redis"] = self.redis.url
         if self.urls["mongo"] is None:
-            mongo = MongoServer(log_dir=logs)
+            mongo = MongoServer(log_dir=logs, oplog_max_entries=self.oplog_max_entries)
             self.servers.append(mongo)
             self.urls["mongo"] = mongo.url
         if self.urls["es"] is None:
@@ -204,11 +242,26 @@ renew_deadline = {t.renew_deadline}
 retry_interval = {t.retry_interval}
 cooldown = {t.cooldown}
 
-{es_listener_toml(LEASE, DATABASE, COLLECTION, INDEX, sink_name="drill")}
+{self._listener_tables()}
 {job_toml()}"""
         )
         self.config = load_config(path)
         return path
+
+    def _listener_tables(self) -> str:
+        extra: dict[str, Any] = {"partitions": self.partitions} if self.partitions > 1 else {}
+        return "\n".join(
+            es_listener_toml(li.name, DATABASE, COLLECTION, li.index, sink_name="drill", **extra)
+            for li in self.listeners
+        )
+
+    @property
+    def listener_leases(self) -> list[str]:
+        return [lease for li in self.listeners for lease in li.leases]
+
+    def running(self) -> list[str]:
+        """Identities of the replica processes running now."""
+        return [identity for identity, p in self.replicas.items() if p.alive]
 
     def start_replicas(self) -> None:
         config_path = self._write_config()
@@ -289,9 +342,12 @@ cooldown = {t.cooldown}
                 mongo[NAMESPACE].drop_collection("leases")
 
     def delete_checkpoint(self) -> bool:
-        """Delete the listener's checkpoint (an operator's mistake); True if there was one."""
+        """Delete the first listener's checkpoints, every partition's (an operator's mistake);
+        True if there was one."""
+        names = list(self.listeners[0].leases)
         with self._mongo() as mongo:
-            return bool(mongo[NAMESPACE]["checkpoints"].delete_one({"_id": LEASE}).deleted_count)
+            found = mongo[NAMESPACE]["checkpoints"].delete_many({"_id": {"$in": names}})
+            return bool(found.deleted_count)
 
     @contextlib.contextmanager
     def _mongo(self) -> Iterator[Any]:
@@ -314,9 +370,12 @@ cooldown = {t.cooldown}
 
         return MongoCheckpointStore(client, database=NAMESPACE)
 
-    def lease_state(self, backend: LeaseBackend | None = None) -> LeaseState | None:
+    def lease_state(
+        self, backend: LeaseBackend | None = None, name: str | None = None
+    ) -> LeaseState | None:
+        """``name``'s holder (default: the lease faults aim at); ``None`` if unheld or unknown."""
         try:
-            return (backend or self.lease_backend()).inspect(LEASE)
+            return (backend or self.lease_backend()).inspect(name or self.lease)
         except SingletonError:
             return None
 

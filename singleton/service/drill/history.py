@@ -1,9 +1,12 @@
 """What happened during a drill, recorded as it happens.
 
-* :class:`Sampler` polls the lease store (who holds the lease, with which token) every
-  ``lease_interval`` and the checkpoint store every ``checkpoint_interval``, on the drill's own
-  direct connections, and keeps every change with its ``time.monotonic()``.
+* :class:`Sampler` polls the lease store (who holds the faults' lease, with which token) every
+  ``lease_interval`` and the checkpoint store (every listener lease's checkpoint) every
+  ``checkpoint_interval``, on the drill's own direct connections, and keeps every change with its
+  ``time.monotonic()``.
 * :class:`AuditTail` reads the replicas' audit files (:mod:`listeners.audit`) incrementally.
+* :func:`raw_stream_rate` reads the change stream with pymongo alone, the stand-in's own speed,
+  printed next to the replicas' lag.
 
 Both keep plain tuples and dicts so that a failed run can be saved as JSON and replayed.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +31,14 @@ CheckpointSample = tuple[float, int, list[int]]
 
 
 class Sampler:
-    """Polls ``inspect()`` and ``load_checkpoint()`` in a thread until :meth:`stop`."""
+    """Polls ``inspect()`` and ``load_checkpoint(name)`` for each of ``checkpoints`` in a
+    thread until :meth:`stop`."""
 
     def __init__(
         self,
         inspect: Callable[[], LeaseState | None],
-        load_checkpoint: Callable[[], Any],
+        load_checkpoint: Callable[[str], Any],
+        checkpoints: Sequence[str],
         lease_interval: float = 0.02,
         checkpoint_interval: float = 0.1,
     ) -> None:
@@ -41,7 +46,8 @@ class Sampler:
         self._load = load_checkpoint
         self._intervals = (lease_interval, checkpoint_interval)
         self.leases: list[LeaseSample] = []
-        self.checkpoints: list[CheckpointSample] = []
+        #: checkpoint name -> its changes
+        self.checkpoints: dict[str, list[CheckpointSample]] = {n: [] for n in checkpoints}
         self.errors = 0
         self._stop = threading.Event()
         self._threads = [
@@ -77,19 +83,46 @@ class Sampler:
             self._stop.wait(self._intervals[0])
 
     def _poll_checkpoints(self) -> None:
-        last: tuple[int, list[int]] | None = None
+        last: dict[str, tuple[int, list[int]]] = {}
         while not self._stop.is_set():
-            try:
-                cp = self._load()
-            except Exception as exc:
-                logger.debug("checkpoint sample failed: {}", exc)
-                cp = None
-            if cp is not None:
-                now = (int(cp.fencing_token), [cp.cluster_time.time, cp.cluster_time.inc])
-                if now != last:
-                    self.checkpoints.append((time.monotonic(), *now))
-                    last = now
+            for name, samples in self.checkpoints.items():
+                try:
+                    cp = self._load(name)
+                except Exception as exc:
+                    logger.debug("checkpoint sample failed: {}", exc)
+                    cp = None
+                if cp is not None:
+                    now = (int(cp.fencing_token), [cp.cluster_time.time, cp.cluster_time.inc])
+                    if now != last.get(name):
+                        samples.append((time.monotonic(), *now))
+                        last[name] = now
             self._stop.wait(self._intervals[1])
+
+
+def raw_stream_rate(coll: Any, since: tuple[int, int] | None, limit: int) -> dict[str, Any]:
+    """Events per second pymongo alone reads from ``coll``'s change stream, from cluster time
+    ``since`` until ``limit`` events or a ``getMore`` that comes back empty."""
+    from bson.timestamp import Timestamp
+
+    if since is None:
+        return {"events": 0, "seconds": None, "per_s": None}
+    n = 0
+    started = time.monotonic()
+    try:
+        with coll.watch(
+            start_at_operation_time=Timestamp(*since), max_await_time_ms=200, batch_size=1000
+        ) as stream:
+            while n < limit and stream.try_next() is not None:
+                n += 1
+    except Exception as exc:  # the position left the oplog: report no figure, not a failure
+        logger.warning("raw stream rate not measured: {}", exc)
+        return {"events": n, "seconds": None, "per_s": None}
+    seconds = time.monotonic() - started
+    return {
+        "events": n,
+        "seconds": round(seconds, 3),
+        "per_s": round(n / seconds, 1) if seconds > 0 else None,
+    }
 
 
 class AuditTail:
@@ -125,9 +158,16 @@ class AuditTail:
             self.records.extend(new)
         return new
 
-    def latest(self, kind: str, token: int | None = None) -> dict[str, Any] | None:
+    def latest(
+        self, kind: str, token: int | None = None, lease: str | None = None
+    ) -> dict[str, Any] | None:
+        """The newest record of ``kind`` (of ``token``, of ``lease``, when given)."""
         with self._lock:
             for rec in reversed(self.records):
-                if rec.get("kind") == kind and (token is None or rec.get("token") == token):
+                if (
+                    rec.get("kind") == kind
+                    and (token is None or rec.get("token") == token)
+                    and (lease is None or rec.get("lease") == lease)
+                ):
                     return dict(rec)
         return None

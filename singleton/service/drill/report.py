@@ -5,7 +5,9 @@ coloured by fencing token (same token, same colour); the thin line under it is t
 replica itself saw it (audit ``elected`` .. ``lost``). Faults are dashed markers across the rows
 (a tinted band on the victim's row while a pause or a cut lasts); takeover gaps are shaded red;
 the write rate (operations per second) is drawn underneath, with the rate of change events
-indexed (acknowledged batches) as a line over it.
+indexed (acknowledged batches) as a line over it. The bars are the lease faults aim at (the first
+listener's first partition); with several listeners or partitions, a table gives each listener's
+verification and another the time each fault took to leave the leases balanced again.
 """
 
 from __future__ import annotations
@@ -249,6 +251,19 @@ def render(history: dict[str, Any]) -> str:
         for k, g in r["gaps"].items()
     )
     failures = "".join(f"<li>{_esc(f)}</li>" for f in r["failures"])
+    bal = r.get("balance") or {"by_fault": [], "bound": None}
+    balance_rows = "".join(
+        f"<tr><td>{b['index'] + 1}</td><td>{_esc(b['kind'])}</td><td>{sec(b['seconds'])}</td>"
+        f"<td>{'yes' if b['ok'] else '<b>NO</b>'}</td>"
+        f"<td>{_esc(', '.join(f'{k} {n}' for k, n in b['held'].items()))}</td></tr>"
+        for b in bal["by_fault"]
+    )
+    listener_rows = "".join(
+        f"<tr><td>{_esc(li['index'])}</td><td>{_esc(', '.join(li['leases']))}</td>"
+        f"<td>{li['es']}</td><td>{li['missing']}</td><td>{li['stale']}</td>"
+        f"<td>{li['resurrected']}</td><td>{li['extra']}</td></tr>"
+        for li in r.get("by_listener", [])
+    )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>singleton drill: {verdict}</title>
 <style>
@@ -261,14 +276,16 @@ td:first-child, th:first-child {{ text-align: left; }}
 .sw {{ display: inline-block; width: 14px; height: 10px; margin-right: 4px; }}
 </style></head><body>
 <h1>singleton drill: <span>{verdict}</span></h1>
-<p>{r["faults"]} faults, {r["backend"]} leases, {r["replicas"]} replicas, seed {r["seed"]},
+<p>{r["faults"]} faults, {r["backend"]} leases, {r["replicas"]} replicas,
+{r.get("listeners", 1)} listener(s) x {r.get("partitions", 1)} partition(s), seed {r["seed"]},
 {r["duration"]:.0f} s, fencing {"on" if r["fencing"] else "<b>OFF</b>"};
 {r["writes"]["ops"]} writes ({r["writes"]["transactions"]} transactions).
 Documents: MongoDB {r["documents"]["mongo"]}, Elasticsearch {r["documents"]["es"]};
 missing {r["missing"]}, stale {r["stale"]}, resurrected {r["resurrected"]}, extra {r["extra"]};
 checkpoint regressions {r["checkpoint_regressions"]}; fencing violations
-{r["fencing_violations"]}. Writer-to-index lag p50 {sec(r["lag"]["p50"])},
-p99 {sec(r["lag"]["p99"])}.</p>
+{r["fencing_violations"]}; planned handovers left to expire {r.get("planned_expired", 0)}.
+Writer-to-index lag p50 {sec(r["lag"]["p50"])}, p99 {sec(r["lag"]["p99"])}; the stand-in's
+raw change stream (pymongo alone) {(r.get("raw_stream") or {}).get("per_s") or "-"} events/s.</p>
 <ul style="color:{colour}">{failures}</ul>
 <p class="legend"><span><i class="sw" style="background:{_colour(0)}"></i>lease held
 (colour = fencing token)</span><span><i class="sw" style="background:{_colour(0)};opacity:.6;
@@ -279,6 +296,16 @@ style="background:#bbb"></i>lease store not answering</span><span><i class="sw"
 style="background:#78909c"></i>writes/s</span><span><i class="sw" style="background:#ef6c00;
 height:2px"></i>events indexed/s</span></p>
 {_svg(history)}
+<h2>Listeners (each index against the collection)</h2>
+<table><tr><th>index</th><th>leases</th><th>documents</th><th>missing</th><th>stale</th>
+<th>resurrected</th><th>extra</th></tr>
+{listener_rows}</table>
+<h2>Balance after each fault</h2>
+<p>Every lease held by a live replica and the leases per live replica within one, from the
+fault's end; bound {sec(bal["bound"])}.</p>
+<table><tr><th>fault</th><th>kind</th><th>time to balance</th><th>in bound</th>
+<th>leases held per replica</th></tr>
+{balance_rows}</table>
 <h2>Takeover gaps</h2>
 <table><tr><th>fault</th><th>count</th><th>takeovers</th><th>p50</th><th>p99</th><th>max</th></tr>
 {gap_rows}</table>

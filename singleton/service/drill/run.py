@@ -25,20 +25,26 @@ from loguru import logger
 from singleton.mongo import client as mongo_client
 from singleton.service.cluster import Writer
 from singleton.service.drill import faults as fl
+from singleton.service.drill.balance import (
+    BalanceSample,
+    BalanceSampler,
+    FaultBalance,
+    balance_bound,
+)
 from singleton.service.drill.cluster import (
     COLLECTION,
     DATABASE,
-    INDEX,
-    LEASE,
     ClusterSpec,
     DrillCluster,
 )
-from singleton.service.drill.history import AuditTail, Sampler
-from singleton.service.drill.jobs import check_job
+from singleton.service.drill.history import AuditTail, Sampler, raw_stream_rate
+from singleton.service.drill.jobs import JOB, check_job
 from singleton.service.drill.verdict import (
     Verdict,
     checkpoint_regressions,
     fencing_violations,
+    per_lease,
+    planned_expired,
     split_extra,
     summary,
     takeover_gaps,
@@ -47,6 +53,10 @@ from singleton.service.drill.verdict import (
 from singleton.service.registry import make_backend
 
 SCHEMA_VERSION = 1
+#: the per-listener document counts of the verdict, in split_extra's order
+MISMATCHES = ("missing", "stale", "resurrected", "extra")
+#: events the raw stream rate is measured over (the writer's last ones)
+RAW_RATE_EVENTS = 5_000
 
 
 @dataclass
@@ -75,6 +85,10 @@ class Drill:
         self.cluster = DrillCluster(self.workdir, opts)
         self.injected: list[fl.FaultRecord] = []
         self.stalls: list[str] = []
+        self.balance: list[FaultBalance] = []
+        self.balance_samples: list[BalanceSample] = []
+        #: listener leases that had not streamed again at the last check
+        self.lagging: list[str] = []
         self.t0 = time.monotonic()
 
     # -- helpers ----------------------------------------------------------------------------
@@ -91,16 +105,40 @@ class Drill:
         (self.workdir / "schedule.json").write_text(json.dumps(data, indent=1))
 
     def _streaming(self, tail: AuditTail, since: float) -> bool:
-        """A live leader acknowledged a write after ``since``."""
+        """Every listener lease's live leader acknowledged a write after ``since``."""
         tail.poll()
-        proc, token = self.cluster.leader()
-        if proc is None or token is None or not proc.alive:
+        self.lagging = [n for n in self.cluster.listener_leases if not self._acked(tail, n, since)]
+        return not self.lagging
+
+    def _acked(self, tail: AuditTail, lease: str, since: float) -> bool:
+        state = self.cluster.lease_state(name=lease)
+        proc = None if state is None else self.cluster.replicas.get(state.identity)
+        if state is None or proc is None or not proc.alive:
             return False
         for kind in ("batch", "checkpoint"):
-            rec = tail.latest(kind, token)
+            rec = tail.latest(kind, state.token, lease)
             if rec is not None and rec["mono"] > since:
                 return True
         return False
+
+    def _balanced(self, sampler: BalanceSampler, fault: fl.PlannedFault, end: float) -> None:
+        """Wait until the leases are balanced after ``fault`` (see :mod:`.balance`), or its
+        bound has passed, and record how long it took."""
+        t = self.opts.timings
+        bound = balance_bound(t.ttl)
+        settled = partial(sampler.settled, end, ttl=t.ttl, confirm=t.renew_interval)
+        wait = end + bound + t.ttl + t.renew_interval + 1.0 - time.monotonic()
+        self._await(lambda: settled() is not None, max(0.0, wait))
+        seconds = settled()
+        result = FaultBalance(
+            fault.index, fault.kind, seconds, bound, sampler.held_at(time.monotonic())
+        )
+        self.balance.append(result)
+        took = "-" if seconds is None else f"{seconds:.2f}s"
+        self.say(
+            f"           leases {'balanced' if result.ok else 'NOT BALANCED'} {took} after the "
+            f"fault (bound {bound:.1f}s): {result.held}"
+        )
 
     def _await(self, pred: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -127,8 +165,9 @@ class Drill:
         self._save_schedule()
         kinds = ", ".join(f"{k}={sum(f.kind == k for f in self.schedule)}" for k in opts.kinds)
         self.say(
-            f"singleton drill: {opts.replicas} replicas, {opts.backend} leases, {opts.rounds} "
-            f"faults ({kinds}), seed {opts.seed}{', FENCING DISABLED' if opts.unsafe else ''}"
+            f"singleton drill: {opts.replicas} replicas, {opts.backend} leases, {opts.listeners} "
+            f"listener(s) x {opts.partitions} partition(s), {opts.rounds} faults ({kinds}), seed "
+            f"{opts.seed}{', FENCING DISABLED' if opts.unsafe else ''}"
         )
         self.say(f"  workdir {self.workdir}")
         c.start_servers()
@@ -141,20 +180,25 @@ class Drill:
         self.say(c.describe())
         assert c.config is not None
         sampler_backend = make_backend(c.config)
+        balance_backend = make_backend(c.config)
         store = c.checkpoint_store(client)
-        sampler = Sampler(lambda: sampler_backend.inspect(LEASE), lambda: store.load(LEASE)).start()
+        sampler = Sampler(
+            lambda: sampler_backend.inspect(c.lease), store.load, c.listener_leases
+        ).start()
+        balance = BalanceSampler(balance_backend, [*c.listener_leases, JOB], c.running).start()
         tail = AuditTail(c.audit_paths.values())
         writer = Writer(
             coll, rate=opts.rate, seed=opts.seed, client=client, txn_share=opts.txn_share
         )
         writer_thread = threading.Thread(target=writer.run, name="drill-writer", daemon=True)
         injector = fl.Injector(c, self.stop)
-        diff: Any = None
+        diffs: list[Any] = []
+        raw: dict[str, Any] = {"events": 0, "seconds": None, "per_s": None}
         try:
             self.t0 = time.monotonic()
             writer_thread.start()
             if not self._await(lambda: self._streaming(tail, 0.0), 90.0):
-                self.stalls.append("no leader streamed within 90 s of the start")
+                self.stalls.append(f"not every listener streamed within 90 s: {self.lagging}")
             for fault in self.schedule if not self.stalls else []:
                 if self.stop.is_set():
                     break
@@ -172,64 +216,98 @@ class Drill:
                     f"{'streaming again' if ok else 'NOT STREAMING'} {after:.2f}s after the fault"
                 )
                 if not ok:
-                    self.stalls.append(f"fault {fault.index} ({fault.describe()})")
+                    self.stalls.append(f"fault {fault.index} ({fault.describe()}): {self.lagging}")
                     break
+                self._balanced(balance, fault, rec.end)
             self.stop.wait(1.0)
             writer.stop_event.set()
             writer_thread.join(10)
             last_ct = max((ct for _, ct in writer.log if ct is not None), default=None)
             self.say(f"  writer stopped after {writer.ops} writes; waiting for quiescence")
 
-            def quiet() -> bool:
+            def quiet() -> bool:  # every listener indexed a batch at or after the last write
                 tail.poll()
                 if last_ct is None:
                     return True
-                return any(
-                    r["kind"] == "batch" and r.get("ct") and tuple(r["ct"]) >= last_ct
-                    for r in tail.records[-200:]
-                )
+                done = {
+                    r.get("lease")
+                    for r in tail.records[-400:]
+                    if r["kind"] == "batch" and r.get("ct") and tuple(r["ct"]) >= last_ct
+                }
+                return all(done & set(li.leases) for li in c.listeners)
 
             if not self._await(quiet, opts.quiesce_timeout):
                 self.say("  the index did not catch up with the last write in time")
             for _ in range(10):
-                diff = compare(coll, c.es_url, INDEX)
-                if diff.ok:
+                diffs = [compare(coll, c.es_url, li.index) for li in c.listeners]
+                if all(d.ok for d in diffs):
                     break
                 self.stop.wait(0.5)
+            cts = [ct for _, ct in writer.log if ct is not None]
+            since = cts[max(0, len(cts) - RAW_RATE_EVENTS)] if cts else None
+            raw = raw_stream_rate(coll, since, 2 * RAW_RATE_EVENTS)
         finally:
             writer.stop_event.set()
             end = time.monotonic()
             sampler.stop()
+            balance.stop()
             sampler_backend.close()
+            balance_backend.close()
             c.stop()
             client.close()
         tail.poll()
-        return self._judge(diff, writer, sampler, tail, end)
+        self.balance_samples = balance.samples
+        return self._judge(diffs, writer, sampler, tail, end, raw)
 
     def _judge(
-        self, diff: Any, writer: Writer, sampler: Sampler, tail: AuditTail, end: float
+        self,
+        diffs: list[Any],
+        writer: Writer,
+        sampler: Sampler,
+        tail: AuditTail,
+        end: float,
+        raw: dict[str, Any],
     ) -> dict[str, Any]:
-        opts = self.opts
-        v = Verdict(stalls=list(self.stalls))
-        if diff is None:
+        opts, c = self.opts, self.cluster
+        v = Verdict(stalls=list(self.stalls), balance=list(self.balance))
+        per_listener = []
+        if not diffs:
             v.errors.append("no comparison was made (interrupted?)")
-        else:
-            v.missing, v.stale, v.resurrected, v.extra = split_extra(
+        for li, diff in zip(c.listeners, diffs, strict=False):
+            found = split_extra(
                 list(diff.missing), list(diff.stale), list(diff.extra), writer.deleted
             )
-        records = tail.records
-        v.regressions = checkpoint_regressions(records, sampler.checkpoints)
+            tag = "" if len(c.listeners) == 1 else f"{li.index}:"
+            for into, ids in zip((v.missing, v.stale, v.resurrected, v.extra), found, strict=True):
+                into.extend(f"{tag}{x}" for x in ids)
+            per_listener.append(
+                {
+                    "name": li.name,
+                    "index": li.index,
+                    "leases": list(li.leases),
+                    "es": getattr(diff, "es_count", None),
+                    **{k: len(ids) for k, ids in zip(MISMATCHES, found, strict=True)},
+                }
+            )
+        by_lease = per_lease(tail.records)
         overlap = [
-            (f.at, f.end + self.opts.timings.renew_deadline)
+            (f.at, f.end + opts.timings.renew_deadline)
             for f in self.injected
             if f.kind == "lease-wipe"
         ]
-        found = fencing_violations(records, overlap)
-        v.violations = [x for x in found if not x["overlap"]]
-        v.overlap_writes = len(found) - len(v.violations)
-        v.gaps = takeover_gaps(self.injected, records, end)
-        v.lags = write_lag(writer.log, records)
-        job = check_job(self.cluster.job_record, (f.kind for f in self.injected))
+        found_violations = []
+        for lease in c.listener_leases:
+            records = by_lease.get(lease, [])
+            v.regressions += checkpoint_regressions(records, sampler.checkpoints.get(lease, []))
+            found_violations += fencing_violations(records, overlap)
+        v.violations = [x for x in found_violations if not x["overlap"]]
+        v.overlap_writes = len(found_violations) - len(v.violations)
+        aimed = by_lease.get(c.lease, [])  # the lease the faults aim at
+        v.gaps = takeover_gaps(self.injected, aimed, end)
+        v.expired = planned_expired(self.injected, aimed)
+        first = [r for lease in c.listeners[0].leases for r in by_lease.get(lease, [])]
+        v.lags = write_lag(writer.log, first)
+        job = check_job(c.job_record, (f.kind for f in self.injected))
         v.errors += job.failures()
         by_kind = {k: sum(f.kind == k for f in self.injected) for k in opts.kinds}
         result: dict[str, Any] = {
@@ -239,6 +317,8 @@ class Drill:
             "seed": opts.seed,
             "backend": opts.backend,
             "replicas": opts.replicas,
+            "listeners": opts.listeners,
+            "partitions": opts.partitions,
             "fencing": not opts.unsafe,
             "duration": round(end - self.t0, 2),
             "faults": len(self.injected),
@@ -247,13 +327,18 @@ class Drill:
             "stale": len(v.stale),
             "resurrected": len(v.resurrected),
             "extra": len(v.extra),
+            "by_listener": per_listener,
             "checkpoint_regressions": len(v.regressions),
             "fencing_violations": len(v.violations),
             "overlap_writes": v.overlap_writes,
             "stalls": len(v.stalls),
+            "planned_expired": len(v.expired),
+            "balance": v.balance_summary(balance_bound(opts.timings.ttl)),
             "jobs": job.as_dict(),
             "gaps": v.gaps_by_kind(opts.kinds),
             "lag": {**summary(v.lags), "writes": len(v.lags)},
+            "raw_stream": raw,
+            "oplog_max_entries": opts.oplog_max_entries,
             "writes": {
                 "ops": writer.ops,
                 "failed": writer.failed,
@@ -261,8 +346,8 @@ class Drill:
                 "deleted": len(writer.deleted),
             },
             "documents": {
-                "mongo": getattr(diff, "mongo_count", None),
-                "es": getattr(diff, "es_count", None),
+                "mongo": getattr(diffs[0], "mongo_count", None) if diffs else None,
+                "es": getattr(diffs[0], "es_count", None) if diffs else None,
             },
             "timings": asdict(opts.timings),
             "workdir": None,
@@ -276,9 +361,10 @@ class Drill:
             "gaps": v.gaps,
             "leases": sampler.leases,
             "checkpoints": sampler.checkpoints,
-            "audit": records,
+            "balance": [b.as_dict() for b in self.balance_samples],
+            "audit": tail.records,
             "writes": [at for at, _ in writer.log],
-            "identities": list(self.cluster.replicas),
+            "identities": list(c.replicas),
             "examples": {
                 "missing": v.missing[:20],
                 "stale": v.stale[:20],
@@ -286,6 +372,7 @@ class Drill:
                 "extra": v.extra[:20],
                 "regressions": v.regressions[:20],
                 "violations": v.violations[:20],
+                "planned_expired": v.expired[:20],
             },
         }
         if not v.ok or self.keep:

@@ -12,6 +12,15 @@ Invariants (exit 0 only if all hold):
   sound: a successor is elected only after T's lease expired in the store, and T's own renew
   deadline (checked before every write) passed earlier still.
 * **Liveness**: after every fault a leader was streaming again within the drill's bound.
+* **Balance**: after every fault, within ``3 x ttl + 5 s`` of its end, every lease is held by a
+  live replica and the leases per live replica differ by at most one (:mod:`.balance`).
+* **Planned handovers never wait for expiry**: after every ``term`` and ``rotate`` fault the old
+  tenure's lease was given back (an audit ``released`` record with ``ok``); one left to expire
+  counts in ``planned_expired``.
+
+Fencing tokens and checkpoint positions are comparable only within one lease: with several
+listeners or partitions, each invariant is computed per lease (:func:`per_lease`; the audit
+records carry their lease's name).
 
 Takeover gaps: for each fault followed by the election of a newer token before the next fault,
 from the old tenure's last acknowledged write (or its release, for ``term`` and ``rotate``), or the
@@ -28,10 +37,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from listeners.elasticsearch.documents import doc_id
+from singleton.service.drill.balance import FaultBalance, balance_failures
 from singleton.service.drill.faults import PLANNED, FaultRecord
 from singleton.service.drill.history import CheckpointSample
 
 WRITES = ("batch", "checkpoint")
+
+
+def per_lease(records: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Audit records by their lease's name (``""``: records that name none)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        out.setdefault(str(r.get("lease") or ""), []).append(r)
+    return out
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -169,6 +187,18 @@ def takeover_gaps(
     return out
 
 
+def planned_expired(
+    faults: Sequence[FaultRecord], records: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The planned handovers (``term``, ``rotate``) whose tenure did not give its lease back."""
+    released = {r["token"] for r in records if r.get("kind") == "released" and r.get("ok")}
+    return [
+        {"index": f.index, "kind": f.kind, "token": f.token, "victim": f.victim}
+        for f in faults
+        if f.kind in PLANNED and f.token is not None and f.token not in released
+    ]
+
+
 def write_lag(
     writes: Sequence[tuple[float, tuple[int, int] | None]], records: Sequence[dict[str, Any]]
 ) -> list[float]:
@@ -203,8 +233,12 @@ class Verdict:
     #: writes of an old tenure inside the documented overlap after a lease-store wipe
     overlap_writes: int = 0
     stalls: list[str] = field(default_factory=list)
+    #: planned handovers whose lease was left to expire instead of released
+    expired: list[dict[str, Any]] = field(default_factory=list)
     gaps: list[dict[str, Any]] = field(default_factory=list)
     lags: list[float] = field(default_factory=list)
+    #: per fault: how long until the leases were balanced again
+    balance: list[FaultBalance] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -217,6 +251,8 @@ class Verdict:
             or self.regressions
             or self.violations
             or self.stalls
+            or self.expired
+            or any(not b.ok for b in self.balance)
             or self.errors
         )
 
@@ -236,6 +272,14 @@ class Verdict:
                 f"after token {v['newer_token']})"
             )
         out += [f"no leader recovered: {s}" for s in self.stalls]
+        if self.expired:
+            e = self.expired[0]
+            out.append(
+                f"{len(self.expired)} planned handovers left the lease to expire instead of "
+                f"releasing it (first: fault {e['index']} {e['kind']} on {e['victim']}, "
+                f"token {e['token']})"
+            )
+        out += balance_failures(self.balance)
         out += self.errors
         return out
 
@@ -246,6 +290,18 @@ class Verdict:
             values = [g["gap"] for g in entries if g["takeover"]]
             out[kind] = {"count": len(entries), "takeovers": len(values), **summary(values)}
         return out
+
+    def balance_summary(self, bound: float) -> dict[str, Any]:
+        """``{bound, faults, unbalanced, p50, p99, max, by_fault: [...]}``: seconds from each
+        fault's end to balanced leases (``null`` for a fault never balanced in time)."""
+        times = [b.seconds for b in self.balance if b.seconds is not None]
+        return {
+            "bound": bound,
+            "faults": len(self.balance),
+            "unbalanced": sum(not b.ok for b in self.balance),
+            **summary(times),
+            "by_fault": [b.as_dict() for b in self.balance],
+        }
 
 
 def split_extra(
