@@ -31,21 +31,18 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
 
 from loguru import logger
 
 from singleton.abc import LeaseBackend
+from singleton.balance_view import Balanced, BalanceView, Gate, share_of
 from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.leadership import Leadership
 from singleton.membership import Member, Membership
 from singleton.timings import LeaseTimings
 
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
-
-    from singleton.callbacks import Subscribers
+__all__ = ["DEFAULT_GROUP", "BalanceView", "Balanced", "Balancer", "Gate", "share_of"]
 
 #: The membership group every replica of a namespace joins unless told otherwise.
 DEFAULT_GROUP = "replicas"
@@ -53,65 +50,6 @@ DEFAULT_GROUP = "replicas"
 FRESH = 0.05
 #: How long an admitted contend counts against the share if :meth:`Balancer.done` never comes.
 CONTEND_WINDOW = 5.0
-
-
-class Gate(Protocol):
-    """What an :class:`~singleton.election.Election` asks before and tells after contending."""
-
-    def gate(self, name: str) -> float:
-        """0 to contend for ``name`` now, else the seconds to wait first."""
-        ...
-
-    def done(self, name: str) -> None:
-        """The contend that :meth:`gate` admitted has returned."""
-        ...
-
-
-class Balanced(Protocol):
-    """What the balancer needs of an elector."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def leadership(self) -> Leadership | None: ...
-
-    @property
-    def cooling(self) -> bool: ...
-
-    def rotate(self) -> None: ...
-
-    def subscribe(self, **callbacks: Unpack[Subscribers]) -> None: ...
-
-
-@dataclass(frozen=True)
-class BalanceView:
-    """One replica's view: the live members and the leases each reports holding, the number of
-    leases balanced, this replica's share and what it holds now."""
-
-    identity: str
-    members: Mapping[str, int]
-    leases: int
-    share: int
-    held: tuple[str, ...]
-    sheds: int = 0
-    stale: bool = False
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "identity": self.identity,
-            "members": dict(self.members),
-            "leases": self.leases,
-            "share": self.share,
-            "held": list(self.held),
-            "sheds": self.sheds,
-            "stale": self.stale,
-        }
-
-
-def share_of(leases: int, members: int) -> int:
-    """``ceil(leases / members)``: the most leases one replica should hold."""
-    return math.ceil(leases / members) if members > 0 else leases
 
 
 @dataclass
@@ -207,7 +145,7 @@ class Balancer:
         try:
             members = self.membership.members(self.group)
         except SingletonError:
-            return self.timings.renew_interval
+            return 0.0  # membership unknown: contend as if alone (its failure is logged there)
         with self._lock:
             self._seen = _Seen(members, self._clock.monotonic())
         return self._gate(name, refresh=False) or 0.0
@@ -223,11 +161,11 @@ class Balancer:
             }
             if now < self._warm_at:
                 return self._warm_at - now
-            if refresh and self._seen.at < self._warm_at:
-                return None  # the first contends after the warm-up read the members first
             members = self._live(now)
             if members is None:
                 return 0.0  # no fresh view: plain election, never stuck
+            if refresh and self._seen.at < self._warm_at:
+                return None  # the first contends after the warm-up read the members first
             live = {m.identity for m in members}
             vacant = (
                 self._vacant_since is not None

@@ -32,7 +32,7 @@ from typing import Protocol
 from loguru import logger
 
 from singleton.abc import HOLDER_SEPARATOR, Lease, LeaseBackend, LeaseState, identity_of
-from singleton.balance import Gate
+from singleton.balance_view import Gate
 from singleton.callbacks import Callbacks
 from singleton.clock import Clock
 from singleton.errors import ConfigurationError, SingletonError

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from loguru import logger
 
 from singleton.abc import HOLDER_SEPARATOR, LeaseBackend
-from singleton.balance import Gate
+from singleton.balance_view import Gate
 from singleton.callbacks import (
     BeforeRelease,
     Callbacks,

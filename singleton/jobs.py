@@ -33,7 +33,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from loguru import logger
 
 from singleton.abc import LeaseBackend
-from singleton.balance import Gate
+from singleton.balance_view import Gate
 from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.elector import Elector, default_identity
 from singleton.errors import ConfigurationError, SingletonError

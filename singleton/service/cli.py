@@ -237,7 +237,7 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     them through the listener's path (with their original versions); ``purge`` deletes them."""
     from listeners.deadletter import DeadLetterStore
     from singleton import mongo
-    from singleton.service.replica import build_listeners
+    from singleton.service.assembly import build_listeners
 
     config = config_from_args(args)
     names = [listener.lease_name for listener in build_listeners(config)]

@@ -21,112 +21,26 @@ from listeners.audit import AuditLog
 from listeners.base import ChangeStreamListener
 from listeners.checkpoint import CheckpointStore, check_deployment
 from listeners.deadletter import DeadLetterStore
-from listeners.partition import Partition
 from listeners.partition_seed import seed_partitions
 from listeners.runner import ListenerRunner
 from singleton import mongo
 from singleton.abc import LeaseBackend
 from singleton.balance import Balancer
 from singleton.elector import Elector, default_identity
-from singleton.errors import BackendUnavailableError, ConfigurationError, SingletonError
-from singleton.jobs import LeaderScheduler
-from singleton.jobs_context import make_trigger
-from singleton.redact import redact
-from singleton.service.config import Config, ListenerConfig, TestSwitches
+from singleton.errors import BackendUnavailableError, ConfigurationError
+from singleton.service.assembly import (
+    build_scheduler,
+    placed_listeners,
+    warn_without_persistence,
+)
+from singleton.service.config import Config, TestSwitches
 from singleton.service.registry import (
-    job_function,
-    listener_kind,
     make_backend,
     make_checkpoint_store,
 )
 
-
-def build_listener(lc: ListenerConfig, config: Config) -> ChangeStreamListener:
-    """Instantiate a ``[[listeners]]`` table: every key but ``use`` is a keyword argument;
-    the service settings its kind declares (Elasticsearch URL and credentials, lease ttl) fill
-    in what the table did not set."""
-    kind = listener_kind(lc.use)
-    options = dict(lc.options)
-    for option, key in kind.service_options.items():
-        table, _, sub = key.partition(".")
-        value = getattr(getattr(config, table), sub) if sub else getattr(config, key)
-        if option not in options and value is not None:
-            options[option] = value
-    try:
-        return kind.cls(**options)
-    except SingletonError:
-        raise
-    except Exception as exc:  # a user's __init__ may raise anything: name the listener
-        raise ConfigurationError(f"listener {lc.use!r}: {type(exc).__name__}: {exc}") from exc
-
-
-def build_listeners(config: Config) -> list[ChangeStreamListener]:
-    """Every configured listener, one instance per partition (``partitions = K``); their lease
-    names must be unique."""
-    return [listener for listener, _ in placed_listeners(config)]
-
-
-def placed_listeners(config: Config) -> list[tuple[ChangeStreamListener, ListenerConfig]]:
-    """:func:`build_listeners`, each with the table it came from (for its placement keys)."""
-    built = []
-    for lc in config.listeners:
-        if lc.partitions == 1:
-            built.append((build_listener(lc, config), lc))
-            continue
-        for i in range(lc.partitions):
-            listener = build_listener(lc, config)
-            listener.partition = Partition(i, lc.partitions)
-            built.append((listener, lc))
-    names = [listener.lease_name for listener, _ in built]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ConfigurationError(f"listener names must be unique, repeated: {', '.join(dupes)}")
-    return built
-
-
-def build_scheduler(
-    config: Config, backend: LeaseBackend, identity: str, gate: Balancer | None
-) -> LeaderScheduler:
-    """Every ``[[jobs]]`` table in one :class:`LeaderScheduler` (each job its own lease)."""
-    scheduler = LeaderScheduler(
-        backend, identity=identity, timings=config.lease.timings(), gate=gate
-    )
-    for job in config.jobs:
-        scheduler.add_job(
-            job_function(job.use),
-            make_trigger(job.every, job.cron),
-            name=job.name,
-            coalesce=job.coalesce,
-            misfire_grace_time=job.misfire_grace,
-            max_instances=job.max_instances,
-            max_failures=job.max_failures,
-        )
-    return scheduler
-
-
-def warn_without_persistence(redis_url: str) -> None:
-    """A Redis checkpoint store that keeps nothing on disk loses every position on a restart:
-    say so once at start-up (a managed Redis that hides ``CONFIG`` is given the benefit of the
-    doubt)."""
-    import redis
-
-    from singleton.backends.redis_client import client_from_url
-
-    # Under Sentinel this asks the current master (replicas should persist alike; not checked).
-    client = client_from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
-    try:
-        aof = client.config_get("appendonly").get("appendonly")
-        save = client.config_get("save").get("save")
-    except redis.RedisError:
-        return
-    finally:
-        client.close()
-    if aof == "no" and not save:
-        logger.warning(
-            "checkpoint_store = redis, but {} keeps nothing on disk (appendonly no, no save "
-            "points): a restart loses every checkpoint; enable appendonly or use the mongo store",
-            redact(redis_url),
-        )
+#: How often the main thread wakes to run pending signal handlers (see :meth:`Replica.wait`).
+SIGNAL_POLL = 0.5
 
 
 @dataclass
@@ -302,7 +216,16 @@ class Replica:
         self._stop.set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._stop.wait(timeout)
+        """Until :meth:`request_stop` (or ``timeout``). Wakes every :data:`SIGNAL_POLL` seconds:
+        Python runs signal handlers only in the main thread, and a signal the kernel delivered
+        to another thread would otherwise wait for this wait to end."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self._stop.wait(
+            SIGNAL_POLL if end is None else min(SIGNAL_POLL, end - time.monotonic())
+        ):
+            if end is not None and time.monotonic() >= end:
+                return False
+        return True
 
     def stop(self) -> None:
         """Drain, checkpoint and release every lease this replica leads (in parallel)."""

@@ -22,9 +22,9 @@ from singleton.balance import DEFAULT_GROUP, share_of
 from singleton.errors import SingletonError
 from singleton.jobs_context import from_ms, make_trigger, next_fire_after
 from singleton.redact import redact
+from singleton.service.assembly import build_listeners
 from singleton.service.config import Config, JobConfig
 from singleton.service.registry import make_backend, make_checkpoint_store
-from singleton.service.replica import build_listeners
 
 #: Seconds the whole command may take.
 DEFAULT_TIMEOUT = 5.0

@@ -28,8 +28,8 @@ from listeners.elasticsearch.transport import Transport, make_transport, path_in
 from listeners.elasticsearch.versioning import timestamp_version
 from singleton import mongo
 from singleton.errors import ConfigurationError, SinkError
+from singleton.service.assembly import build_listeners
 from singleton.service.config import Config
-from singleton.service.replica import build_listeners
 
 #: Bulk actions per repair request.
 REPAIR_BATCH = 1000

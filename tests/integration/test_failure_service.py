@@ -129,7 +129,7 @@ def test_status_answers_within_one_timeout_when_mongo_is_frozen(
 def test_a_redis_checkpoint_store_without_persistence_is_warned_about(redis_url: str) -> None:
     from loguru import logger
 
-    from singleton.service.replica import warn_without_persistence
+    from singleton.service.assembly import warn_without_persistence
 
     warnings: list[str] = []
     sink = logger.add(lambda m: warnings.append(str(m)), level="WARNING", format="{message}")

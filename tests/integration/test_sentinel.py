@@ -34,9 +34,9 @@ from singleton.errors import (
     StaleWriterError,
 )
 from singleton.leadership import Leadership
+from singleton.service.assembly import warn_without_persistence
 from singleton.service.config import load_config
 from singleton.service.embedded import free_port, wait_until
-from singleton.service.replica import warn_without_persistence
 from tests.integration.sentinel_support import SERVICE, SentinelGroup
 from tests.integration.test_redis_backend import assert_release_observed
 from tests.unit.election_support import captured_logs

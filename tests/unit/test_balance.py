@@ -286,3 +286,20 @@ def test_a_replica_whose_work_failed_is_not_left_leases_and_nothing_flaps() -> N
     sim.changes = 0
     sim.run(30)
     assert sim.changes == 0  # no shedding towards the replica that cannot take work
+
+
+def test_a_replica_that_cannot_reach_the_store_still_contends() -> None:
+    backend = MemoryLeaseBackend()
+
+    def down(*_: object) -> list[Member]:
+        raise BackendUnavailableError("store down")
+
+    balancer = Balancer(backend, "a", TIMINGS, warmup=0)
+    balancer.membership.heartbeat = down  # type: ignore[method-assign]
+    balancer.membership.members = down  # type: ignore[method-assign]
+    balancer.add(Elector(backend, "l0", identity="a", timings=TIMINGS, gate=balancer))
+    balancer.start()
+    try:
+        assert balancer.gate("l0") == 0.0  # and so its contend fails visibly, not silently
+    finally:
+        balancer.stop(1)

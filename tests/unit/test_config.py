@@ -8,9 +8,9 @@ import pytest
 
 from listeners.base import ChangeStreamListener
 from singleton.redact import redact
+from singleton.service.assembly import build_listeners
 from singleton.service.cli import main
 from singleton.service.config import ConfigurationError, load_config
-from singleton.service.replica import build_listeners
 
 TOML = """
 backend = "redis"

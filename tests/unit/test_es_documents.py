@@ -34,3 +34,13 @@ def test_finite_documents_and_transforms() -> None:
     assert source_of({"_id": 1, "x": 1.5, "a": {"b": [1, 2]}}) == b'{"x":1.5,"a":{"b":[1,2]}}'
     # The rule applies to what is indexed: a transform that drops the field avoids it.
     assert source_of({"_id": 1, "x": NAN, "y": 2}, lambda d: {"y": d["y"]}) == b'{"y":2}'
+
+
+def test_a_refused_document_leaves_no_trace_in_the_next_encoding() -> None:
+    # The encoder is kept between documents; one that raised inside a container is not reused
+    # (its circular-reference markers would still name that container).
+    shared: dict[str, Any] = {"v": INF}
+    with pytest.raises(NonFiniteNumberError):
+        source_of({"_id": 1, "a": shared})
+    shared["v"] = 2.5
+    assert source_of({"_id": 2, "a": shared, "b": [shared]}) == b'{"a":{"v":2.5},"b":[{"v":2.5}]}'

@@ -140,7 +140,7 @@ def test_membership_metrics_from_a_real_balancer() -> None:
     backend.membership().heartbeat("replicas", "r2", 10, {"held": 0})
     balancer = Balancer(backend, "r1", timings)
     for name in ("a", "b"):
-        elector = SimpleNamespace(name=name, leadership=None, rotate=lambda: None)
+        elector = SimpleNamespace(name=name, leadership=None, cooling=False, rotate=lambda: None)
         elector.subscribe = lambda **callbacks: None
         balancer.add(elector)
     balancer.beat()
