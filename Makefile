@@ -36,8 +36,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# Most tests run in parallel, a test file per worker (they wait on leases more than they compute);
+# the timing-sensitive drills (marker `serial`) run afterwards, alone. Exit code 5 means "nothing
+# selected" (a PYTEST_ARGS that picks from one part only).
+PYTEST_WORKERS ?= 3
 pytest: $(STAMP) sysdeps
-	$(VENV)/bin/pytest -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile -v -m "not serial" --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(VENV)/bin/pytest -p no:cacheprovider -m serial --durations=10 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 test: sysdeps $(STAMP) lint typecheck pytest
 

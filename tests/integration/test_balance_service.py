@@ -24,6 +24,9 @@ from singleton.service.embedded import wait_until
 from singleton.service.registry import make_backend
 from tests.integration.cluster import ReplicaProc, status_json, store_args
 
+#: Alone on the machine, after the parallel part of `make test` (timing-sensitive).
+pytestmark = pytest.mark.serial
+
 #: Short lease timings (ttl 2 s), so that expiry and settling keep the test short.
 TTL = 2.0
 TIMINGS = [

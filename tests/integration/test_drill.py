@@ -1,6 +1,6 @@
 """The failover drill end to end: ``singleton drill`` as a user runs it (a subprocess, --json).
 
-A short drill of mixed faults must pass on each lease backend (on MongoDB leases with two
+A short drill of mixed faults must pass on each lease backend (on Redis leases with two
 listeners of two partitions each: five leases balanced over three replicas after every fault),
 and the same drill with fencing switched off (the test-only switch) must fail its verdict: the
 drill catches what it claims to.
@@ -17,6 +17,9 @@ import pytest
 from singleton.service.drill.cluster import have_faketime
 from singleton.service.drill.faults import parse_kinds
 from tests.integration.cluster import run_singleton
+
+#: Alone on the machine, after the parallel part of `make test` (timing-sensitive).
+pytestmark = pytest.mark.serial
 
 ROUNDS = 20
 #: Short leases keep the suite fast; users' default is 2.5 s (`make drill`).
