@@ -112,15 +112,6 @@ def watch(
     )
 
 
-def _buffered(stream: Any) -> bool:
-    """Whether ``try_next()`` will answer from the local batch (pymongo 4 internals; on any
-    change this degrades to "no", which is only slower)."""
-    try:
-        return bool(stream._cursor._has_next())
-    except AttributeError:
-        return False
-
-
 @dataclass
 class Step:
     """What one read asks of the caller.
@@ -182,11 +173,19 @@ class StreamReader:
 
     def read(self) -> Step | None:
         """Read at most one event; ``None`` while a batch is still filling."""
-        if _buffered(self._stream):  # no I/O: skip the timeout context (a hot path)
-            event = self._stream.try_next()
+        stream = self._stream
+        # Whether try_next() answers from the local batch, with no I/O, so the timeout context
+        # can be skipped (pymongo 4 internals; on any change this degrades to "no", which is
+        # only slower). Inline: this runs once per event.
+        try:
+            buffered = stream._cursor._has_next()
+        except AttributeError:
+            buffered = False
+        if buffered:
+            event = stream.try_next()
         else:
             with self._bounded():
-                event = self._stream.try_next()
+                event = stream.try_next()
         now = self._clock.monotonic()
         if event is None:
             return Step("idle", self.resume_token, self.in_hand())
@@ -195,9 +194,10 @@ class StreamReader:
             return Step("invalidate", batch[-1]["_id"] if batch else None, batch, event)
         if self._partition is not None and not self._partition.owns(event):
             return self._skipped(now)  # another partition's
-        if not self._batch:
+        batch = self._batch
+        if not batch:
             self._first_at = now
-        self._batch.append(event)
-        if len(self._batch) >= self._batch_size or now - self._first_at >= self._max_wait:
-            return Step("full", self.resume_token, self.in_hand())
+        batch.append(event)
+        if len(batch) >= self._batch_size or now - self._first_at >= self._max_wait:
+            return Step("full", stream.resume_token, self.in_hand())
         return None

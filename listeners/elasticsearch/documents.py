@@ -18,9 +18,11 @@ import importlib
 import json
 import math
 import re
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from decimal import Decimal
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 from bson import ObjectId, json_util
@@ -111,6 +113,32 @@ def _default(value: Any) -> Any:
     return json.loads(json_util.dumps(value))
 
 
+#: What ``json.dumps(default=_default, separators=(",", ":"), allow_nan=False)`` builds on every
+#: call, built once (it holds no state between calls: the same output, without the set-up).
+_ENCODER = json.JSONEncoder(default=_default, separators=(",", ":"), allow_nan=False)
+_local = threading.local()
+
+
+def _encode(body: Mapping[str, Any]) -> str:
+    """``_ENCODER.encode(body)`` for a mapping, with the C encoder that ``encode`` builds on
+    every call kept per thread. Its ``markers`` dict (the circular-reference check) is empty
+    after every call that returned; one that raised may leave entries, so that encoder is
+    dropped. Without the C encoder (another Python), ``_ENCODER.encode``."""
+    if c_make_encoder is None:
+        return _ENCODER.encode(body)
+    encoder = getattr(_local, "encoder", None)
+    if encoder is None:
+        encoder = c_make_encoder(
+            {}, _default, encode_basestring_ascii, None, ":", ",", False, False, False
+        )
+        _local.encoder = encoder
+    try:
+        return "".join(encoder(body, 0))
+    except BaseException:
+        _local.encoder = None
+        raise
+
+
 class NonFiniteNumberError(ValueError):
     """A document holds NaN or an infinity (see the module docstring)."""
 
@@ -154,11 +182,15 @@ def source_of(doc: Mapping[str, Any], transform: Transform | None = None) -> byt
     body: Mapping[str, Any] | None = transform(dict(doc)) if transform is not None else doc
     if body is None:
         return None
-    clean = {k: int(v) if isinstance(v, Int64) else v for k, v in body.items() if k != "_id"}
+    clean = dict(body)
+    clean.pop("_id", None)
+    for k, v in clean.items():
+        if isinstance(v, Int64):
+            clean[k] = int(v)  # (replacing a value while iterating is allowed: same keys)
     try:
-        return json.dumps(clean, default=_default, separators=(",", ":"), allow_nan=False).encode()
+        return _encode(clean).encode()
     except ValueError as exc:
-        # Walk only on failure: the common document pays for one json.dumps, nothing more.
+        # Walk only on failure: the common document pays for one encoding, nothing more.
         path = _non_finite_path(clean)
         if path is None:
             raise

@@ -59,18 +59,26 @@ def join(events: Sequence[ChangeEvent]) -> list[ChangeEvent]:
     parts: dict[str, Any] = {}
     for event in events:
         split = event.get("splitEvent")
-        if not isinstance(split, Mapping):
+        if split is None or (type(split) is not dict and not isinstance(split, Mapping)):
             if parts:
                 out.append(parts)
                 parts = {}
             out.append(event)
             continue
-        if split.get("fragment") == 1 and parts:
+        fragment, of = split.get("fragment"), split.get("of")
+        if fragment == 1 and parts:
             out.append(parts)
             parts = {}
+        if fragment == 1 and of == 1:
+            # The whole event in one fragment (servers that tag every event): a plain copy.
+            whole = dict(event)
+            del whole["splitEvent"]
+            whole["_id"] = event["_id"]
+            out.append(whole)
+            continue
         parts.update({k: v for k, v in event.items() if k != "splitEvent"})
         parts["_id"] = event["_id"]
-        if split.get("fragment") == split.get("of"):
+        if fragment == of:
             out.append(parts)
             parts = {}
     if parts:

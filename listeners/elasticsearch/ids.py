@@ -71,6 +71,8 @@ def _tagged(value: Any) -> str:
 def doc_id(value: Any) -> str:
     """The Elasticsearch ``_id`` of the BSON ``_id`` ``value`` (see the module docstring);
     raises :class:`UnindexableIdError` when it is longer than :data:`MAX_ID_BYTES`."""
+    if type(value) is int and _INT32[0] <= value <= _INT32[1]:
+        return f"{TAG}i:{value}"  # the commonest non-ObjectId id, short by construction
     if isinstance(value, ObjectId):
         out = str(value)
     elif isinstance(value, str) and value and not value.startswith(TAG):

@@ -71,8 +71,9 @@ class ItemMaker:
         if "clusterTime" not in event:  # a fragment of a split event: the token has it
             event = {**event, "clusterTime": token_time(event.get("_id"))}
         op = event.get("operationType")
-        origin = {"op": op, "token": event.get("_id"), "cluster_time": mongo.event_time(event)}
-        version = versioner.version(event)
+        at = mongo.event_time(event)
+        origin = {"op": op, "token": event.get("_id"), "cluster_time": at}
+        version = versioner.version(event, at)
         if fragments.needs_lookup(event):
             # The document as it is now, as updateLookup would give it (see .fragments).
             found = self._lookup(key)

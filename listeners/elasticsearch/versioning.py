@@ -133,7 +133,8 @@ def keystring_txn_op_index(data: bytes) -> int:
 
 def _token_bytes(event: Mapping[str, Any]) -> bytes:
     token = event.get("_id")
-    raw = token.get("_data") if isinstance(token, Mapping) else None
+    # (``type(...) is dict`` first: the ABC check costs more than the rest of this function.)
+    raw = token.get("_data") if type(token) is dict or isinstance(token, Mapping) else None
     if not isinstance(raw, str):
         raise VersionOverflowError(f"change event has no resume token _data: {token!r}")
     try:
@@ -165,14 +166,18 @@ class EventVersioner:
         self._cache: OrderedDict[Timestamp, int] = OrderedDict()
         self._cache_size = cache_size
 
-    def version(self, event: Mapping[str, Any]) -> int:
-        ts = event_time(event)
+    def version(self, event: Mapping[str, Any], ts: Timestamp | None = None) -> int:
+        """``event``'s version; ``ts``: its cluster time when the caller has it already."""
+        if ts is None:
+            ts = event_time(event)
         if ts is None:
             raise VersionOverflowError(f"change event has no clusterTime: {event.get('_id')!r}")
-        return encode(ts.time, ts.inc, self.position(event, ts))
+        return encode(ts.time, ts.inc, self._position(event, ts, _token_bytes(event)))
 
     def position(self, event: Mapping[str, Any], ts: Timestamp) -> int:
-        data = _token_bytes(event)
+        return self._position(event, ts, _token_bytes(event))
+
+    def _position(self, event: Mapping[str, Any], ts: Timestamp, data: bytes) -> int:
         if "txnNumber" not in event and _bson_shaped(data):
             return 0  # a BSON token outside a transaction: the only event at its cluster time
         doc = _bson_token(data)
