@@ -20,7 +20,15 @@ from singleton.service.drill.balance import (
     time_to_balance,
 )
 from singleton.service.drill.cluster import drill_listeners
-from singleton.service.drill.faults import KINDS, FaultRecord, parse_kinds, plan
+from singleton.service.drill.faults import (
+    DEFAULT_MIX,
+    KINDS,
+    PROXY_KINDS,
+    FaultRecord,
+    parse_kinds,
+    plan,
+)
+from singleton.service.drill.jobs import check_job
 from singleton.service.drill.verdict import (
     Verdict,
     checkpoint_regressions,
@@ -40,11 +48,11 @@ def test_schedule_is_a_function_of_the_seed() -> None:
 
 
 def test_long_default_mix_has_thirty_stops_of_two_to_five_ttl() -> None:
-    faults = plan(1, 100, list(KINDS), 2.5)
+    faults = plan(1, 100, list(DEFAULT_MIX), 2.5)  # `make drill`: every kind but Sentinel's
     stops = [f for f in faults if f.kind == "stop"]
     assert len(faults) == 100 and len(stops) >= 30
     assert all(2 * 2.5 <= f.param <= 5 * 2.5 for f in stops)
-    assert {f.kind for f in faults} == set(KINDS)
+    assert {f.kind for f in faults} == set(DEFAULT_MIX) == set(parse_kinds(None, "redis"))
     # the checkpoint is lost both under a running leader and while every replica is stopped
     assert {f.param for f in faults if f.kind == "checkpoint-loss"} == {0.0, 1.0}
 
@@ -55,6 +63,51 @@ def test_kinds_are_validated_against_the_backend() -> None:
         parse_kinds("kill,redis-pause", "mongo")
     with pytest.raises(ConfigurationError, match="unknown fault 'kil'"):
         parse_kinds("kil", "redis")
+
+
+def test_sentinel_mode_adds_sentinel_failover_and_leaves_out_the_proxy_kinds() -> None:
+    kinds = parse_kinds(None, "redis", sentinel=True)
+    assert "sentinel-failover" in kinds and "sentinel-failover" not in parse_kinds(None, "redis")
+    assert set(kinds) == set(KINDS) - set(PROXY_KINDS)
+    assert set(PROXY_KINDS) == {"net-cut", "redis-restart", "redis-pause"}
+    assert parse_kinds("sentinel-failover,kill", "redis", sentinel=True) == [
+        "sentinel-failover",
+        "kill",
+    ]
+    with pytest.raises(ConfigurationError, match="sentinel-failover needs --sentinel"):
+        parse_kinds("kill,sentinel-failover", "redis")
+    for kind in PROXY_KINDS:
+        with pytest.raises(ConfigurationError, match=f"{kind} needs the embedded Redis"):
+            parse_kinds(f"kill,{kind}", "redis", sentinel=True)
+    faults = plan(2, 30, kinds, 1.5)
+    assert {f.kind for f in faults} == set(kinds)
+    assert all(f.param == 0.0 for f in faults if f.kind == "sentinel-failover")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--sentinel", "--backend", "mongo"], ["--sentinel", "--redis-url", "redis://h:6379/0"]],
+)
+def test_sentinel_flag_needs_redis_leases_of_its_own(argv: list[str]) -> None:
+    with pytest.raises(ConfigurationError, match="--sentinel needs --backend redis"):
+        options_from(build_parser().parse_args(argv))
+    opts = options_from(build_parser().parse_args(["--sentinel", "--faults", "sentinel-failover"]))
+    assert opts.sentinel and opts.kinds == ["sentinel-failover"]
+
+
+def test_a_sentinel_failover_may_skip_job_fire_times_but_never_double_them(
+    tmp_path: Path,
+) -> None:
+    record = tmp_path / "runs.txt"
+    record.write_text("1000|7|r1\n3000|9|r2\n")  # 2000 skipped while the master was down
+    assert check_job(record, ["kill"]).failures() == ["1 job fire times never ran (first: [2000])"]
+    assert check_job(record, ["kill", "sentinel-failover"]).failures() == []
+    record.write_text("1000|7|r1\n1000|9|r2\n")
+    assert (
+        check_job(record, ["sentinel-failover"])
+        .failures()[0]
+        .startswith("1 job fire times ran twice")
+    )
 
 
 def rec(kind: str, token: int, mono: float, sent: float | None = None, **kw: Any) -> dict[str, Any]:

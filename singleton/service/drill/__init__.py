@@ -23,7 +23,7 @@ from typing import Any
 
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.service.drill.cluster import DRILL_OPLOG_ENTRIES
-from singleton.service.drill.faults import KINDS, parse_kinds
+from singleton.service.drill.faults import KINDS, PROXY_KINDS, parse_kinds
 from singleton.service.drill.run import Drill, DrillOptions
 from singleton.timings import LeaseTimings
 
@@ -70,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="FILE", help="write an HTML timeline here")
     p.add_argument("--workdir", help="keep schedule, logs and histories here")
     p.add_argument("--redis-url", help="use this Redis instead of an embedded one")
+    p.add_argument(
+        "--sentinel",
+        action="store_true",
+        help="Redis leases behind Sentinel: start two data nodes and three Sentinels on loopback, "
+        "give the replicas a redis+sentinel:// URL, and drill sentinel-failover (SIGKILL the "
+        "master; the Sentinels promote the replica; the old master comes back as its replica). "
+        f"Leaves out {', '.join(PROXY_KINDS)}: they need the embedded Redis and its proxies",
+    )
     p.add_argument("--mongo-url", help="use this MongoDB (replica set) instead of SecantusDB")
     p.add_argument("--es-url", help="use this Elasticsearch instead of osmem-server")
     p.add_argument(
@@ -105,7 +113,9 @@ def options_from(args: argparse.Namespace) -> DrillOptions:
         raise ConfigurationError(f"--partitions must be between 1 and 16, got {args.partitions}")
     if args.oplog_entries < 0:
         raise ConfigurationError(f"--oplog-entries must be >= 0, got {args.oplog_entries}")
-    kinds = parse_kinds(args.faults, args.backend)
+    if args.sentinel and (args.backend != "redis" or args.redis_url):
+        raise ConfigurationError("--sentinel needs --backend redis and starts its own Redis")
+    kinds = parse_kinds(args.faults, args.backend, sentinel=args.sentinel)
     if args.redis_url and any(k.startswith("redis-") for k in kinds):
         raise ConfigurationError("redis-restart and redis-pause need the embedded Redis")
     return DrillOptions(
@@ -117,6 +127,7 @@ def options_from(args: argparse.Namespace) -> DrillOptions:
         rate=args.rate,
         workdir=args.workdir,
         redis_url=args.redis_url,
+        sentinel=args.sentinel,
         mongo_url=args.mongo_url,
         es_url=args.es_url,
         unsafe=args.unsafe_disable_fencing,
@@ -161,17 +172,17 @@ def format_summary(result: dict[str, Any]) -> str:
         f"oplog cap {result['oplog_max_entries'] or 'its default'})",
         "  takeover gap (the old tenure's last acknowledged write, or its release, to the next"
         " election):",
-        "    fault            faults takeovers      p50      p99      max",
+        "    fault              faults takeovers      p50      p99      max",
     ]
     for kind, g in result["gaps"].items():
         lines.append(
-            f"    {kind:<16} {g['count']:>6} {g['takeovers']:>9} {sec(g['p50']):>8} "
+            f"    {kind:<18} {g['count']:>6} {g['takeovers']:>9} {sec(g['p50']):>8} "
             f"{sec(g['p99']):>8} {sec(g['max']):>8}"
         )
     lines.append("  time to balance (from the fault's end):")
     for b in bal["by_fault"]:
         lines.append(
-            f"    {b['index'] + 1:>3} {b['kind']:<16} {sec(b['seconds']):>8}"
+            f"    {b['index'] + 1:>3} {b['kind']:<18} {sec(b['seconds']):>8}"
             f"{'' if b['ok'] else '  NOT BALANCED'}  held {b['held']}"
         )
     lines += [f"  FAILED: {f}" for f in result["failures"]]

@@ -1,7 +1,8 @@
 """The drill's cluster: servers, one lease-store proxy and one audit file per replica, replicas.
 
 Every replica reaches the lease store through its own :class:`~.proxy.TcpProxy` (so one replica can
-be partitioned while the others keep going), writes its audit trail to its own file
+be partitioned while the others keep going; with ``sentinel`` it reaches the Sentinels and the
+master they name directly, see :mod:`.sentinel`), writes its audit trail to its own file
 (:mod:`listeners.audit`), and, when ``clock-jump`` is drilled, runs under libfaketime with its own
 offset file: its wall clock jumps, its monotonic clock does not
 (``FAKETIME_DONT_FAKE_MONOTONIC=1``).
@@ -20,7 +21,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from listeners.partition import layout_names
 from singleton.abc import LeaseBackend, LeaseState
@@ -35,7 +35,8 @@ from singleton.service.cluster import (
 from singleton.service.config import AUDIT_ENV, UNSAFE_ENV, Config, load_config
 from singleton.service.drill.jobs import RECORD_ENV as JOB_RECORD_ENV
 from singleton.service.drill.jobs import job_toml
-from singleton.service.drill.proxy import TcpProxy
+from singleton.service.drill.proxy import TcpProxy, host_port, via_proxy
+from singleton.service.drill.sentinel import SentinelTopology
 from singleton.service.embedded import ElasticServer, EmbeddedServer, MongoServer, RedisServer
 from singleton.service.registry import make_backend
 from singleton.timings import LeaseTimings
@@ -97,34 +98,6 @@ time.sleep = _sleep
 """
 
 
-def _host_port(url: str, default: int) -> tuple[str, int]:
-    """The first host of ``url`` (a proxy forwards to one server: give the primary's URL)."""
-    first = urlsplit(url).netloc.rpartition("@")[2].split(",")[0]
-    host, _, port = first.rpartition(":") if ":" in first else (first, "", "")
-    return host or "127.0.0.1", int(port) if port.isdigit() else default
-
-
-def via_proxy(url: str, port: int) -> str:
-    """``url`` with its host and port replaced by the local proxy's (credentials, database and
-    options kept); a MongoDB URL also gets ``directConnection=true`` so that the driver does not
-    discover the replica set's real addresses and go around the proxy."""
-    parts = urlsplit(url)
-    userinfo = parts.netloc.rpartition("@")[0]
-    netloc = f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}"
-    query = parts.query
-    if parts.scheme.startswith("mongodb"):
-        query = "&".join(q for q in (query, "directConnection=true") if q)
-    return urlunsplit(
-        (
-            "mongodb" if parts.scheme.startswith("mongodb") else parts.scheme,
-            netloc,
-            parts.path or "/",
-            query,
-            parts.fragment,
-        )
-    )
-
-
 @dataclass
 class ClusterSpec:
     """What the drill's cluster is made of (the drill's options extend it)."""
@@ -140,6 +113,8 @@ class ClusterSpec:
     unsafe: bool = False
     #: replicas run under libfaketime, so that their wall clocks can jump
     clock_jumps: bool = False
+    #: Redis leases behind Sentinel (:mod:`.sentinel`) instead of one embedded Redis
+    sentinel: bool = False
     #: the embedded SecantusDB's oplog cap (``None``: its own default)
     oplog_max_entries: int | None = DRILL_OPLOG_ENTRIES
     #: ElasticsearchSync listeners, each mirroring the collection into its own index
@@ -185,6 +160,8 @@ class DrillCluster:
         #: the lease faults aim at: whoever holds it is "the leader"
         self.lease = self.listeners[0].leases[0]
         self.redis: PersistentRedis | None = None
+        self.use_sentinel = spec.sentinel
+        self.sentinel: SentinelTopology | None = None
         self.servers: list[EmbeddedServer] = []
         self.urls = {"redis": spec.redis_url, "mongo": spec.mongo_url, "es": spec.es_url}
         self.proxies: dict[str, TcpProxy] = {}
@@ -201,7 +178,11 @@ class DrillCluster:
     # -- start/stop ---------------------------------------------------------------------
     def start_servers(self) -> None:
         logs = str(self.workdir)
-        if self.urls["redis"] is None and self.backend_name == "redis":
+        if self.use_sentinel:
+            self.sentinel = SentinelTopology(logs)
+            self.sentinel.start()
+            self.urls["redis"] = self.sentinel.url
+        elif self.urls["redis"] is None and self.backend_name == "redis":
             self.redis = PersistentRedis(log_dir=logs)
             self.servers.append(self.redis)
             self.urls["redis"] = self.redis.url
@@ -267,7 +248,7 @@ cooldown = {t.cooldown}
         config_path = self._write_config()
         store_url = self.urls["redis"] if self.backend_name == "redis" else self.mongo_url
         assert store_url is not None
-        host, port = _host_port(store_url, 6379 if self.backend_name == "redis" else 27017)
+        host, port = host_port(store_url, 6379 if self.backend_name == "redis" else 27017)
         base_env = child_environment()
         if self.unsafe:
             base_env[UNSAFE_ENV] = "1"
@@ -282,12 +263,13 @@ cooldown = {t.cooldown}
             (shim / "sitecustomize.py").write_text(FAKETIME_SHIM)
         for i in range(1, self.n + 1):
             identity = f"replica-{i}"
-            proxy = TcpProxy(host, port)
-            self.proxies[identity] = proxy
             argv = singleton_command("run", "--config", str(config_path), "--identity", identity)
-            flag = "--redis-url" if self.backend_name == "redis" else "--mongo-url"
-            argv += [flag, via_proxy(store_url, proxy.port)]
-            es_proxy = TcpProxy(*_host_port(self.es_url, 9200))
+            if self.sentinel is None:  # with Sentinel: the redis_url of the config, direct
+                proxy = TcpProxy(host, port)
+                self.proxies[identity] = proxy
+                flag = "--redis-url" if self.backend_name == "redis" else "--mongo-url"
+                argv += [flag, via_proxy(store_url, proxy.port)]
+            es_proxy = TcpProxy(*host_port(self.es_url, 9200))
             self.es_proxies[identity] = es_proxy
             argv += ["--es-url", via_proxy(self.es_url, es_proxy.port)]
             env = dict(base_env)
@@ -324,6 +306,8 @@ cooldown = {t.cooldown}
         for server in reversed(self.servers):
             server.resume()
             server.cleanup()
+        if self.sentinel is not None:
+            self.sentinel.stop()
 
     # -- faults on the stores -------------------------------------------------------------
     def wipe_leases(self) -> None:
@@ -389,6 +373,8 @@ cooldown = {t.cooldown}
         lines = [f"  {kind} {url}" for kind, url in self.urls.items() if url]
         if self.redis is not None:
             lines.append("  redis: embedded, append-only file fsynced on every write")
+        if self.sentinel is not None:
+            lines.append(self.sentinel.describe())
         return "\n".join(lines)
 
 

@@ -34,8 +34,15 @@ DEFAULT_MIX: dict[str, float] = {
     "checkpoint-loss": 0.06,
     "listener-error": 0.06,
 }
-KINDS = tuple(DEFAULT_MIX)
+#: kinds only a Sentinel drill (``--sentinel``) has, and their share of its mix
+SENTINEL_MIX: dict[str, float] = {"sentinel-failover": 0.11}
+KINDS = (*DEFAULT_MIX, *SENTINEL_MIX)
 REDIS_KINDS = ("redis-restart", "redis-pause")
+#: kinds that need the one embedded Redis or a per-replica proxy in front of the lease store:
+#: Sentinel hands the replicas the master's real address, so ``--sentinel`` leaves them out
+PROXY_KINDS = ("net-cut", *REDIS_KINDS)
+#: seconds from the promotion within which a leader must stream again after sentinel-failover
+PROMOTION_BOUND = 10.0
 #: faults after which events must reach the index within 3 x ttl + 5 s
 STORE_LOSS_KINDS = ("lease-wipe", "checkpoint-loss", "listener-error")
 #: faults aimed at whoever leads
@@ -88,16 +95,28 @@ class FaultRecord:
         return asdict(self)
 
 
-def parse_kinds(text: str | None, backend: str) -> list[str]:
-    """``--faults`` -> kinds (default: every kind that applies to ``backend``)."""
+def parse_kinds(text: str | None, backend: str, *, sentinel: bool = False) -> list[str]:
+    """``--faults`` -> kinds (default: every kind that applies to ``backend`` and ``sentinel``)."""
     if not text:
-        return [k for k in KINDS if backend == "redis" or k not in REDIS_KINDS]
+        return [
+            k
+            for k in KINDS
+            if (sentinel or k not in SENTINEL_MIX)
+            and not (sentinel and k in PROXY_KINDS)
+            and (backend == "redis" or k not in REDIS_KINDS)
+        ]
     kinds = [k.strip() for k in text.split(",") if k.strip()]
     for k in kinds:
         if k not in KINDS:
             raise ConfigurationError(f"--faults: unknown fault {k!r}; known: {', '.join(KINDS)}")
         if k in REDIS_KINDS and backend != "redis":
             raise ConfigurationError(f"--faults: {k} needs --backend redis")
+        if k in SENTINEL_MIX and not sentinel:
+            raise ConfigurationError(f"--faults: {k} needs --sentinel")
+        if k in PROXY_KINDS and sentinel:
+            raise ConfigurationError(
+                f"--faults: {k} needs the embedded Redis and its proxies, not --sentinel"
+            )
     return list(dict.fromkeys(kinds))
 
 
@@ -105,7 +124,7 @@ def plan(seed: int, rounds: int, kinds: list[str], ttl: float) -> list[PlannedFa
     """``rounds`` faults over ``kinds`` in the default mix's proportions, shuffled by ``seed``."""
     if rounds < 1:
         raise ConfigurationError(f"--rounds must be >= 1, got {rounds}")
-    weights = {k: DEFAULT_MIX[k] for k in kinds}
+    weights = {k: {**DEFAULT_MIX, **SENTINEL_MIX}[k] for k in kinds}
     total = sum(weights.values())
     exact = {k: rounds * w / total for k, w in weights.items()}
     counts = {k: int(v) for k, v in exact.items()}
@@ -200,6 +219,15 @@ class Injector:
             c.wipe_leases()
         elif kind == "checkpoint-loss":
             rec.note = self._lose_checkpoint(all_stopped=bool(fault.param))
+        elif kind == "sentinel-failover":
+            if c.sentinel is None:
+                raise ConfigurationError(f"{kind} needs --sentinel")
+            killed, master, promoted = c.sentinel.failover()
+            rec.extra["promoted"] = promoted
+            rec.note = (
+                f"master {killed.port} killed, a replica promoted {promoted - rec.at:.1f}s "
+                f"later; master now {master.port}, {killed.port} back as a replica"
+            )
         elif kind in ("redis-restart", "redis-pause"):
             if c.redis is None:
                 raise ConfigurationError(f"{kind} needs the embedded Redis")

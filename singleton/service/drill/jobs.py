@@ -8,8 +8,9 @@ then requires, whatever the faults:
 * tokens never decrease in fire-time order, and each token belongs to one replica;
 * the job ran (in every drill);
 * every fire time between the first and the last recorded ran, unless a fault could lose the
-  claims or move a leader's wall clock (``lease-wipe``, ``redis-restart``, ``clock-jump``):
-  those skip fire times by design (never double them), so there it is only counted.
+  claims or move a leader's wall clock (``lease-wipe``, ``redis-restart``,
+  ``sentinel-failover``, ``clock-jump``): those skip fire times by design (never double them),
+  so there it is only counted.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ JOB = "drill-tick"
 EVERY_MS = 1000
 RECORD_ENV = "DRILL_JOB_FILE"
 #: Faults after which missing fire times are expected (skipped, never doubled).
-SKIPPING_KINDS = frozenset({"lease-wipe", "redis-restart", "clock-jump"})
+SKIPPING_KINDS = frozenset({"lease-wipe", "redis-restart", "sentinel-failover", "clock-jump"})
 
 
 def record(ctx: JobContext) -> None:

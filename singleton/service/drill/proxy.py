@@ -14,6 +14,7 @@ import contextlib
 import select
 import socket
 import threading
+from urllib.parse import urlsplit, urlunsplit
 
 TICK = 0.1  # how long a thread blocks in select(): bounds how late close() and restore() act
 
@@ -145,3 +146,31 @@ class TcpProxy:
             for s in (a, b):
                 with contextlib.suppress(OSError):
                     s.close()
+
+
+def host_port(url: str, default: int) -> tuple[str, int]:
+    """The first host of ``url`` (a proxy forwards to one server: give the primary's URL)."""
+    first = urlsplit(url).netloc.rpartition("@")[2].split(",")[0]
+    host, _, port = first.rpartition(":") if ":" in first else (first, "", "")
+    return host or "127.0.0.1", int(port) if port.isdigit() else default
+
+
+def via_proxy(url: str, port: int) -> str:
+    """``url`` with its host and port replaced by the local proxy's (credentials, database and
+    options kept); a MongoDB URL also gets ``directConnection=true`` so that the driver does not
+    discover the replica set's real addresses and go around the proxy."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}"
+    query = parts.query
+    if parts.scheme.startswith("mongodb"):
+        query = "&".join(q for q in (query, "directConnection=true") if q)
+    return urlunsplit(
+        (
+            "mongodb" if parts.scheme.startswith("mongodb") else parts.scheme,
+            netloc,
+            parts.path or "/",
+            query,
+            parts.fragment,
+        )
+    )

@@ -205,10 +205,13 @@ class Drill:
                 self.stop.wait(fault.settle)
                 rec = injector.inject(fault)
                 self.injected.append(rec)
-                limit = opts.recover_timeout
+                limit, acked_after = opts.recover_timeout, rec.end
                 if fault.kind in fl.STORE_LOSS_KINDS:  # the never-stuck promise, measured
                     limit = min(limit, 3 * opts.timings.ttl + 5.0)
-                ok = self._await(partial(self._streaming, tail, rec.end), limit)
+                if "promoted" in rec.extra:  # sentinel-failover: streaming within 10 s of it
+                    acked_after = rec.extra["promoted"]
+                    limit = max(0.0, acked_after + fl.PROMOTION_BOUND - time.monotonic())
+                ok = self._await(partial(self._streaming, tail, acked_after), limit)
                 after = time.monotonic() - rec.end
                 self.say(
                     f"  [{self._t(rec.at):6.1f}s] {fault.index + 1:>3}/{len(self.schedule)} "
@@ -216,7 +219,11 @@ class Drill:
                     f"{'streaming again' if ok else 'NOT STREAMING'} {after:.2f}s after the fault"
                 )
                 if not ok:
-                    self.stalls.append(f"fault {fault.index} ({fault.describe()}): {self.lagging}")
+                    promoted = "promoted" in rec.extra
+                    within = f", {fl.PROMOTION_BOUND:.0f}s after the promotion" if promoted else ""
+                    self.stalls.append(
+                        f"fault {fault.index} ({fault.describe()}{within}): {self.lagging}"
+                    )
                     break
                 self._balanced(balance, fault, rec.end)
             self.stop.wait(1.0)
@@ -316,6 +323,7 @@ class Drill:
             "failures": v.failures(),
             "seed": opts.seed,
             "backend": opts.backend,
+            "sentinel": opts.sentinel,
             "replicas": opts.replicas,
             "listeners": opts.listeners,
             "partitions": opts.partitions,
