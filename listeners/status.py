@@ -158,6 +158,13 @@ def sink_error_counts(listener: object) -> dict[str, int]:
     return {str(k): int(v) for k, v in by_kind().items()} if callable(by_kind) else {}
 
 
+def sink_bytes(listener: object) -> int | None:
+    """Bytes the listener sent to its sink (request bodies, retries included), when its
+    ``stats`` counts them (``sent_bytes``: ElasticsearchSync's bulk writer); else ``None``."""
+    sent = getattr(getattr(listener, "stats", None), "sent_bytes", None)
+    return sent if isinstance(sent, int) and not isinstance(sent, bool) else None
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, Timestamp):
         return [int(value.time), int(value.inc)]

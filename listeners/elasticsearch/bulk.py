@@ -93,12 +93,13 @@ class DeadLetter:
 class BulkStats:
     """What a writer did, summed over every request: ``items`` handed to it, ``written``,
     ``conflicts`` (409: the index already held a newer version), ``retried``, ``dead``
-    (dead-lettered), ``requests`` sent, and sends that raised SinkUnavailableError
-    (``unavailable``) or SinkRejectedError (``rejected``). :meth:`add` is thread-safe."""
+    (dead-lettered), ``requests`` sent and their body bytes (``sent_bytes``, retries included),
+    and sends that raised SinkUnavailableError (``unavailable``) or SinkRejectedError
+    (``rejected``). :meth:`add` is thread-safe."""
 
     def __init__(self) -> None:
         self.items = self.written = self.conflicts = self.retried = self.dead = self.requests = 0
-        self.unavailable = self.rejected = 0
+        self.unavailable = self.rejected = self.sent_bytes = 0
         self._lock = threading.Lock()
 
     def errors_by_kind(self) -> dict[str, int]:
@@ -211,7 +212,7 @@ class BulkWriter:
     def _attempt(self, pending: list[BulkItem]) -> tuple[list[BulkItem], str]:
         """One request for ``pending``: the items to retry, and why."""
         body = b"".join(item.encoded(self.versioned) for item in pending)
-        self.stats.add(requests=1)
+        self.stats.add(requests=1, sent_bytes=len(body))
         try:
             status, resp = self.transport.request("POST", _BULK_PATH, body, ndjson=True)
         except EsUnavailableError as exc:

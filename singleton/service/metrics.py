@@ -29,7 +29,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 
-from listeners.status import sink_error_counts
+from listeners.status import sink_bytes, sink_error_counts
 from singleton.errors import SingletonError
 from singleton.latency import LatencySnapshot
 
@@ -163,6 +163,12 @@ class ReplicaCollector:
             "dead_lettered)",
             labels=["lease", "kind"],
         )
+        sent = CounterMetricFamily(
+            "singleton_sink_bytes",
+            "Bytes sent to the sink (request bodies, retries included), for sinks that count "
+            "them (ElasticsearchSync)",
+            labels=["lease"],
+        )
         dead = CounterMetricFamily(
             "singleton_dead_letters",
             "Dead letters written: poison events and documents the sink refused for good",
@@ -192,11 +198,14 @@ class ReplicaCollector:
             for kind, n in {"handle_batch": status.sink_errors, **kinds}.items():
                 sink_errors.add_metric([h.name, kind], n)
             dead.add_metric([h.name], status.dead_lettered + kinds.get("dead_lettered", 0))
+            nbytes = sink_bytes(getattr(h.runner, "listener", None))
+            if nbytes is not None:
+                sent.add_metric([h.name], nbytes)
             behind = status.lag_seconds(now)
             if behind is not None:
                 lag.add_metric([h.name], behind)
         yield from (leader, token, trans, renew, renew_fail, store_errors, resigned, lag, batch)
-        yield from (sink_errors, dead)
+        yield from (sink_errors, sent, dead)
         yield from _status_families("lease", runners)
         jobs = [] if self.replica.jobs is None else self.replica.jobs.status()
         yield from _status_families("job", [(job.name, job) for job in jobs])

@@ -103,9 +103,13 @@ def test_sink_errors_are_served_by_kind() -> None:
         "dead_lettered": 3.0,
     }, body
     assert 'singleton_dead_letters_total{lease="orders"} 4.0' in body
+    # every request body went out (the retries of the 429 items too), each of 3 items of b"{}"
+    sent = re.search(r'^singleton_sink_bytes_total\{lease="orders"\} (\S+)$', body, re.MULTILINE)
+    assert sent is not None and float(sent.group(1)) == writer.stats.sent_bytes > 0
     _, plain = _scrape("text/plain")  # a listener without sink stats: the runner's count only
     assert 'singleton_sink_errors_total{kind="handle_batch",lease="orders"} 0.0' in plain
     assert 'kind="unavailable"' not in plain
+    assert "singleton_sink_bytes_total{" not in plain  # declared, no sample
 
 
 def test_membership_is_served_from_the_balancers_view() -> None:
