@@ -24,20 +24,15 @@ from typing import Any
 
 import pymongo
 
+from bench._support import paced_writer, pct, three_replicas
 from singleton.backends.redis import RedisLeaseBackend
 from singleton.errors import SingletonError
-from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
 from singleton.service.embedded import ElasticServer, MongoServer, RedisServer, wait_until
 
 LEASE = "bench-handover"
 ROUNDS = int(os.environ.get("BENCH_HANDOVER_ROUNDS", "15"))
 RATE = 1000.0  # inserts per second, in batches of 20
 KINDS = {"sigterm": signal.SIGTERM, "rotate": signal.SIGUSR1}
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def _config(root: Path, redis_url: str, mongo_url: str, es_url: str) -> Path:
@@ -85,31 +80,14 @@ def main() -> dict[str, Any]:
         s.start()
     redis_srv, mongo_srv, es_srv = servers
     config = _config(root, redis_srv.url, mongo_srv.url, es_srv.url)
-    env = child_environment()
-    procs = {
-        f"r{i}": ReplicaProcess(
-            f"r{i}",
-            singleton_command("run", "--config", str(config), "--identity", f"r{i}"),
-            root / f"r{i}.log",
-            env,
-        )
-        for i in range(3)
-    }
+    procs = three_replicas(config, root)
     backend = RedisLeaseBackend(redis_srv.url, namespace="bench")
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_srv.url)
     stop = threading.Event()
     written = [0]
 
     def writer() -> None:
-        coll = client["bench"]["orders"]
-        step = 20
-        next_at = time.monotonic()
-        while not stop.is_set():
-            base = written[0]
-            coll.insert_many([{"_id": base + i, "n": base + i} for i in range(step)])
-            written[0] += step
-            next_at += step / RATE
-            stop.wait(max(0.0, next_at - time.monotonic()))
+        paced_writer(client["bench"]["orders"], RATE, 20, stop, written)
 
     def holder() -> tuple[str, int] | None:
         state = backend.inspect(LEASE)
@@ -157,8 +135,8 @@ def main() -> dict[str, Any]:
             "write_rate_per_s": round(rate, 1),
             **{
                 f"{kind}_handover_ms": {
-                    "p50": round(_pct(values, 0.5) * 1000, 1),
-                    "p99": round(_pct(values, 0.99) * 1000, 1),
+                    "p50": round(pct(values, 0.5) * 1000, 1),
+                    "p99": round(pct(values, 0.99) * 1000, 1),
                     "max": round(max(values) * 1000, 1),
                     "rounds": len(values),
                     "waited_for_expiry": expired[kind],

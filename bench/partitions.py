@@ -36,7 +36,8 @@ from typing import Any
 
 import pymongo
 
-from listeners.elasticsearch.transport import EsTransport, connect
+from bench._support import cpu_seconds, es_count
+from listeners.elasticsearch.transport import connect
 from listeners.partition import layout_names, partition_of
 from singleton.backends.redis import RedisLeaseBackend
 from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
@@ -55,16 +56,6 @@ LOG_LEVEL = os.environ.get("BENCH_PARTITIONS_LOG_LEVEL", "WARNING")
 #: Passes over every layout (interleaved, so a slow moment of the machine hits them alike).
 ROUNDS = int(os.environ.get("BENCH_PARTITIONS_ROUNDS", "1"))
 INSERT_CHUNK = 1000
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _count(es: EsTransport, index: str) -> int:
-    status, body = es.request("GET", f"/{index}/_count")
-    return int(body["count"]) if status == 200 and isinstance(body, dict) else 0
 
 
 def _config(root: Path, urls: dict[str, str], tag: str, k: int) -> Path:
@@ -145,19 +136,21 @@ def _one(
         )
         warm = _warm_ids(k)
         coll.insert_many([{"_id": w, "warm": True} for w in warm])
-        wait_until(lambda: _count(es, tag) >= len(warm), 60, what="every partition streaming")
+        wait_until(lambda: es_count(es, tag) >= len(warm), 60, what="every partition streaming")
         pids = [p.pid for p in procs if p.pid is not None]
-        cpu0 = sum(_cpu_seconds(pid) for pid in pids)
-        server0 = {name: _cpu_seconds(pid) for name, pid in servers.items()}
+        cpu0 = sum(cpu_seconds(pid) for pid in pids)
+        server0 = {name: cpu_seconds(pid) for name, pid in servers.items()}
         t0 = time.perf_counter()
         for lo in range(0, N, INSERT_CHUNK):
             chunk = range(lo, min(N, lo + INSERT_CHUNK))
             coll.insert_many([{"_id": i, "n": i, "name": f"item {i}"} for i in chunk])
         t_inserted = time.perf_counter()
-        wait_until(lambda: _count(es, tag) >= N + len(warm), 120, interval=0.01, what="all indexed")
+        wait_until(
+            lambda: es_count(es, tag) >= N + len(warm), 120, interval=0.01, what="all indexed"
+        )
         t1 = time.perf_counter()
-        cpu1 = sum(_cpu_seconds(pid) for pid in pids)
-        server1 = {name: _cpu_seconds(pid) for name, pid in servers.items()}
+        cpu1 = sum(cpu_seconds(pid) for pid in pids)
+        server1 = {name: cpu_seconds(pid) for name, pid in servers.items()}
         if not all(p.alive for p in procs):
             raise RuntimeError(f"a replica exited; see {root}")
         return {

@@ -19,24 +19,12 @@ from typing import Any
 
 import pymongo
 
+from bench._support import paced_writer, pct, rss_mb, three_replicas
 from singleton.backends.redis import RedisLeaseBackend
-from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
 from singleton.service.embedded import ElasticServer, MongoServer, RedisServer, wait_until
 
 LEASE = "bench-orders"
 ROUNDS = 10
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> dict[str, Any]:
@@ -72,30 +60,14 @@ collection = "orders"
 index = "bench-orders"
 """
     )
-    env = child_environment()
-    procs = {
-        f"r{i}": ReplicaProcess(
-            f"r{i}",
-            singleton_command("run", "--config", str(config), "--identity", f"r{i}"),
-            root / f"r{i}.log",
-            env,
-        )
-        for i in range(3)
-    }
+    procs = three_replicas(config, root)
     backend = RedisLeaseBackend(redis_srv.url, namespace="bench")
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_srv.url)
     stop = threading.Event()
     written = [0]
 
     def writer() -> None:  # ~1,000 inserts/s in batches of 50
-        coll = client["bench"]["orders"]
-        next_at = time.monotonic()
-        while not stop.is_set():
-            base = written[0]
-            coll.insert_many([{"_id": base + i, "n": base + i} for i in range(50)])
-            written[0] += 50
-            next_at += 0.05
-            stop.wait(max(0.0, next_at - time.monotonic()))
+        paced_writer(client["bench"]["orders"], 1000.0, 50, stop, written)
 
     def leader() -> str | None:
         state = backend.inspect(LEASE)
@@ -112,9 +84,9 @@ index = "bench-orders"
         rate = written[0] / (time.monotonic() - started)
         lead = leader()
         assert lead is not None
-        leader_rss = _rss_mb(procs[lead].proc.pid)  # type: ignore[union-attr]
+        leader_rss = rss_mb(procs[lead].proc.pid)  # type: ignore[union-attr]
         follower_rss = max(
-            _rss_mb(p.proc.pid) for name, p in procs.items() if name != lead and p.proc
+            rss_mb(p.proc.pid) for name, p in procs.items() if name != lead and p.proc
         )
         handovers: list[float] = []
         for _ in range(ROUNDS):
@@ -140,8 +112,8 @@ index = "bench-orders"
             "follower_rss_mb": round(follower_rss, 1),
             "follower_rss_goal_mb": 100,
             "sigterm_handover_ms": {
-                "p50": round(_pct(handovers, 0.5) * 1000, 1),
-                "p99": round(_pct(handovers, 0.99) * 1000, 1),
+                "p50": round(pct(handovers, 0.5) * 1000, 1),
+                "p99": round(pct(handovers, 0.99) * 1000, 1),
                 "max": round(max(handovers) * 1000, 1),
                 "rounds": len(handovers),
                 "goal_p99": 100,

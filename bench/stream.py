@@ -33,8 +33,9 @@ from typing import Any
 
 import pymongo
 
+from bench._support import cpu_seconds, es_count
 from bench.sync import _bulk_raw, _read_stream
-from listeners.elasticsearch.transport import EsTransport, connect
+from listeners.elasticsearch.transport import connect
 from singleton.mongo import cluster_time
 from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
 from singleton.service.embedded import ElasticServer, MongoServer, RedisServer, wait_until
@@ -52,16 +53,6 @@ def _doc(i: int, size: int) -> dict[str, Any]:
         doc["nested"] = {"x": i % 7, "words": [f"w{i % 13}-{k}" for k in range(20)]}
         doc["text"] = "lorem ipsum " * ((size - 300) // 12)
     return doc
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _count(es: EsTransport, index: str) -> int:
-    status, body = es.request("GET", f"/{index}/_count")
-    return int(body["count"]) if status == 200 and isinstance(body, dict) else 0
 
 
 def _config(root: Path, redis: str, mongo: str, es: str, coll: str) -> Path:
@@ -103,7 +94,7 @@ def _one(servers: dict[str, str], root: Path, size: int, n: int) -> dict[str, An
     # 1. The replica syncs the (nearly) empty collection, then hands over cleanly.
     coll.insert_one({"_id": -1, "warm": True})
     replica.start()
-    wait_until(lambda: _count(es, coll_name) == 1, 60, what="first sync")
+    wait_until(lambda: es_count(es, coll_name) == 1, 60, what="first sync")
     replica.signal(signal.SIGTERM)
     if replica.wait(30) is None:
         raise RuntimeError("the replica did not exit on SIGTERM")
@@ -119,17 +110,17 @@ def _one(servers: dict[str, str], root: Path, size: int, n: int) -> dict[str, An
     assert pid is not None
     stop = threading.Event()
     t_first = cpu_first = 0.0
-    while _count(es, coll_name) <= 1:
+    while es_count(es, coll_name) <= 1:
         if not replica.alive:
             raise RuntimeError(f"replica exited; see {replica.log_path}")
         stop.wait(0.002)
-    t_first, cpu_first = time.perf_counter(), _cpu_seconds(pid)
+    t_first, cpu_first = time.perf_counter(), cpu_seconds(pid)
     deadline = time.monotonic() + 600
-    while _count(es, coll_name) < n + 1:
+    while es_count(es, coll_name) < n + 1:
         if time.monotonic() > deadline or not replica.alive:
             raise RuntimeError(f"backlog not indexed; see {replica.log_path}")
         stop.wait(0.005)
-    t_last, cpu_last = time.perf_counter(), _cpu_seconds(pid)
+    t_last, cpu_last = time.perf_counter(), cpu_seconds(pid)
     replica.stop()
     # 4. The ceilings, on the same documents.
     stream_s = _read_stream(coll, start, n)

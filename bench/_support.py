@@ -1,0 +1,67 @@
+"""What several benchmarks share: percentiles, a process's CPU time and memory, an index's
+document count, three ``singleton run`` replicas on one config, and a paced writer."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from listeners.elasticsearch.transport import Transport as EsTransport
+from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of process ``pid`` in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def es_count(es: EsTransport, index: str) -> int:
+    """Documents in ``index`` now (0 if it cannot be read)."""
+    status, body = es.request("GET", f"/{index}/_count")
+    return int(body["count"]) if status == 200 and isinstance(body, dict) else 0
+
+
+def three_replicas(config: Path, root: Path) -> dict[str, ReplicaProcess]:
+    """Replicas ``r0``..``r2`` of ``singleton run --config config``, logging into ``root``."""
+    env = child_environment()
+    return {
+        f"r{i}": ReplicaProcess(
+            f"r{i}",
+            singleton_command("run", "--config", str(config), "--identity", f"r{i}"),
+            root / f"r{i}.log",
+            env,
+        )
+        for i in range(3)
+    }
+
+
+def paced_writer(
+    coll: Any, rate: float, step: int, stop: threading.Event, written: list[int]
+) -> None:
+    """Insert ``{_id: n, n: n}`` documents ``step`` at a time at ``rate`` a second until
+    ``stop``; ``written[0]`` counts them."""
+    next_at = time.monotonic()
+    while not stop.is_set():
+        base = written[0]
+        coll.insert_many([{"_id": base + i, "n": base + i} for i in range(step)])
+        written[0] += step
+        next_at += step / rate
+        stop.wait(max(0.0, next_at - time.monotonic()))
