@@ -48,7 +48,8 @@ def successor(backend: LeaseBackend, old: str, timeout: float) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["redis", "mongo"])
+@pytest.mark.serial  # the faults land mid-interval by the clock: a loaded box can slip them
+@pytest.mark.parametrize("kind", ["redis", "mongo"])  # onto a claim (claimed once, never rerun)
 def test_every_fire_time_once_through_kill_stop_and_term(
     kind: str, redis_url: str, mongo_url: str, unique: str, tmp_path: Path
 ) -> None:
