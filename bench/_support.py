@@ -11,6 +11,7 @@ from typing import Any
 
 from listeners.elasticsearch.transport import Transport as EsTransport
 from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
+from singleton.service.embedded import ElasticServer, MongoServer, RedisServer
 
 
 def pct(values: list[float], q: float) -> float:
@@ -37,6 +38,16 @@ def es_count(es: EsTransport, index: str) -> int:
     """Documents in ``index`` now (0 if it cannot be read)."""
     status, body = es.request("GET", f"/{index}/_count")
     return int(body["count"]) if status == 200 and isinstance(body, dict) else 0
+
+
+def start_servers(root: Path) -> list[Any]:
+    """Embedded Redis, SecantusDB and osmem-server, started, in that order, logging into
+    ``root``."""
+    servers: list[Any] = [RedisServer(log_dir=str(root)), MongoServer(log_dir=str(root))]
+    servers.append(ElasticServer(log_dir=str(root)))
+    for s in servers:
+        s.start()
+    return servers
 
 
 def three_replicas(config: Path, root: Path) -> dict[str, ReplicaProcess]:

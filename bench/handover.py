@@ -24,10 +24,10 @@ from typing import Any
 
 import pymongo
 
-from bench._support import paced_writer, pct, three_replicas
+from bench._support import paced_writer, pct, start_servers, three_replicas
 from singleton.backends.redis import RedisLeaseBackend
 from singleton.errors import SingletonError
-from singleton.service.embedded import ElasticServer, MongoServer, RedisServer, wait_until
+from singleton.service.embedded import wait_until
 
 LEASE = "bench-handover"
 ROUNDS = int(os.environ.get("BENCH_HANDOVER_ROUNDS", "15"))
@@ -71,13 +71,7 @@ def _released(log: Path, token: int) -> bool:
 
 def main() -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bench-handover-"))
-    servers = [
-        RedisServer(log_dir=str(root)),
-        MongoServer(log_dir=str(root)),
-        ElasticServer(log_dir=str(root)),
-    ]
-    for s in servers:
-        s.start()
+    servers = start_servers(root)
     redis_srv, mongo_srv, es_srv = servers
     config = _config(root, redis_srv.url, mongo_srv.url, es_srv.url)
     procs = three_replicas(config, root)

@@ -36,12 +36,12 @@ from typing import Any
 
 import pymongo
 
-from bench._support import cpu_seconds, es_count
+from bench._support import cpu_seconds, es_count, start_servers
 from listeners.elasticsearch.transport import connect
 from listeners.partition import layout_names, partition_of
 from singleton.backends.redis import RedisLeaseBackend
 from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
-from singleton.service.embedded import ElasticServer, MongoServer, RedisServer, wait_until
+from singleton.service.embedded import wait_until
 
 N = int(os.environ.get("BENCH_PARTITIONS_N", "10000"))
 #: ``K:R`` pairs, comma-separated (default: K = 1, 2, 4 on 1 and on 3 replicas).
@@ -177,10 +177,7 @@ def _one(
 
 def main() -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bench-partitions-"))
-    servers = [RedisServer(log_dir=str(root)), MongoServer(log_dir=str(root))]
-    servers.append(ElasticServer(log_dir=str(root)))
-    for s in servers:
-        s.start()
+    servers = start_servers(root)
     try:
         urls = {"redis": servers[0].url, "mongo": servers[1].url, "es": servers[2].url}
         pids = {

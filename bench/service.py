@@ -19,9 +19,9 @@ from typing import Any
 
 import pymongo
 
-from bench._support import paced_writer, pct, rss_mb, three_replicas
+from bench._support import paced_writer, pct, rss_mb, start_servers, three_replicas
 from singleton.backends.redis import RedisLeaseBackend
-from singleton.service.embedded import ElasticServer, MongoServer, RedisServer, wait_until
+from singleton.service.embedded import wait_until
 
 LEASE = "bench-orders"
 ROUNDS = 10
@@ -29,13 +29,7 @@ ROUNDS = 10
 
 def main() -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bench-service-"))
-    servers = [
-        RedisServer(log_dir=str(root)),
-        MongoServer(log_dir=str(root)),
-        ElasticServer(log_dir=str(root)),
-    ]
-    for s in servers:
-        s.start()
+    servers = start_servers(root)
     redis_srv, mongo_srv, es_srv = servers
     config = root / "singleton.toml"
     config.write_text(

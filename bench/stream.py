@@ -33,12 +33,12 @@ from typing import Any
 
 import pymongo
 
-from bench._support import cpu_seconds, es_count
+from bench._support import cpu_seconds, es_count, start_servers
 from bench.sync import _bulk_raw, _read_stream
 from listeners.elasticsearch.transport import connect
 from singleton.mongo import cluster_time
 from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
-from singleton.service.embedded import ElasticServer, MongoServer, RedisServer, wait_until
+from singleton.service.embedded import wait_until
 
 SMALL = int(os.environ.get("BENCH_STREAM_N", "40000"))
 #: Extra TOML lines for the listener (to compare settings, e.g. ``pipelined = false``).
@@ -139,10 +139,7 @@ def _one(servers: dict[str, str], root: Path, size: int, n: int) -> dict[str, An
 
 def main() -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bench-stream-"))
-    procs = [RedisServer(log_dir=str(root)), MongoServer(log_dir=str(root))]
-    procs.append(ElasticServer(log_dir=str(root)))
-    for p in procs:
-        p.start()
+    procs = start_servers(root)
     try:
         urls = {"redis": procs[0].url, "mongo": procs[1].url, "es": procs[2].url}
         return {
