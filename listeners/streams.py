@@ -10,6 +10,7 @@ has because the stream caught up, or handle an invalidate. What an error means i
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -130,7 +131,17 @@ class Step:
 
 class StreamReader:
     """Gathers one open stream's events into batches. ``bounded()`` wraps every read that may
-    do I/O (the caller's timeout, so a hung server cannot outlast the renew deadline)."""
+    do I/O (the caller's timeout, so a hung server cannot outlast the renew deadline).
+
+    The listener's ``batch_size`` is read as each batch starts (it may change between batches).
+    Events the driver decoded already (the rest of a ``getMore``'s batch) are taken straight
+    from its buffer, all but the last, without a ``try_next`` each (pymongo 4 internals, looked
+    up on every read: without them every event goes through ``try_next``, only slower). The
+    driver's resume token then lags behind; :attr:`resume_token` is what ``try_next`` would have
+    made it: the event's own ``_id`` (``try_next`` puts the post-batch token in its place only
+    for the last event of a buffer, which is always read by ``try_next``, as is every event
+    that may need I/O).
+    """
 
     def __init__(
         self,
@@ -141,18 +152,21 @@ class StreamReader:
         bounded: Callable[[], contextlib.AbstractContextManager[None]],
     ) -> None:
         self._stream = stream
+        self._listener = listener
         self._partition = listener.partition
-        self._batch_size = listener.batch_size
+        self._batch_size = 0  # read as each batch, or run of others' events, starts
         self._max_wait = listener.max_batch_wait
         self._clock = clock
         self._bounded = bounded
         self._batch: list[ChangeEvent] = []
         self._first_at = 0.0
         self._skips = 0
+        #: The token after the last event taken from the buffer (None: the stream's is right).
+        self._taken: Any = None
 
     @property
     def resume_token(self) -> Any:
-        return self._stream.resume_token
+        return self._stream.resume_token if self._taken is None else self._taken
 
     def _skipped(self, now: float) -> Step | None:
         """After an event of another partition: hand over a batch that waited long enough, and
@@ -160,6 +174,8 @@ class StreamReader:
         quiet partition of a busy stream still checkpoints."""
         if self._batch and now - self._first_at >= self._max_wait:
             return Step("full", self.resume_token, self.in_hand())
+        if not self._skips and not self._batch:
+            self._batch_size = self._listener.batch_size  # a run of others' events starts
         self._skips += 1
         if not self._batch and self._skips >= self._batch_size:
             self._skips = 0
@@ -172,32 +188,65 @@ class StreamReader:
         return batch
 
     def read(self) -> Step | None:
-        """Read at most one event; ``None`` while a batch is still filling."""
+        """Take the events the driver holds decoded (see the class docstring), then read at most
+        one more; ``None`` while a batch is still filling."""
         stream = self._stream
-        # Whether try_next() answers from the local batch, with no I/O, so the timeout context
-        # can be skipped (pymongo 4 internals; on any change this degrades to "no", which is
-        # only slower). Inline: this runs once per event.
-        try:
-            buffered = stream._cursor._has_next()
-        except AttributeError:
-            buffered = False
-        if buffered:
+        held = _held(stream)
+        if held is not None and len(held) > 1:
+            step = self._take_held(held)
+            if step is not None:
+                return step
+        # With events held, try_next() answers from them with no I/O, so the timeout context
+        # can be skipped.
+        if held:
             event = stream.try_next()
         else:
             with self._bounded():
                 event = stream.try_next()
+        self._taken = None
         now = self._clock.monotonic()
         if event is None:
             return Step("idle", self.resume_token, self.in_hand())
         if event.get("operationType") == "invalidate":
             batch = self.in_hand()
             return Step("invalidate", batch[-1]["_id"] if batch else None, batch, event)
+        return self._add(event, now)
+
+    def _take_held(self, held: deque[Any]) -> Step | None:
+        """Take the held events but the last (see the class docstring)."""
+        now = self._clock.monotonic()  # (they are taken within microseconds of each other)
+        while len(held) > 1:
+            event = held[0]
+            token = event.get("_id")
+            if token is None or event.get("operationType") == "invalidate":
+                return None  # try_next handles these (an error; the end of the stream)
+            held.popleft()
+            self._taken = token
+            step = self._add(event, now)
+            if step is not None:
+                return step
+        return None
+
+    def _add(self, event: ChangeEvent, now: float) -> Step | None:
         if self._partition is not None and not self._partition.owns(event):
             return self._skipped(now)  # another partition's
         batch = self._batch
         if not batch:
             self._first_at = now
+            self._batch_size = self._listener.batch_size
         batch.append(event)
         if len(batch) >= self._batch_size or now - self._first_at >= self._max_wait:
-            return Step("full", stream.resume_token, self.in_hand())
+            return Step("full", self.resume_token, self.in_hand())
         return None
+
+
+def _held(stream: Any) -> deque[Any] | None:
+    """The decoded events a pymongo 4 change stream holds (``None`` if it is not one, or if
+    it decodes each event as ``try_next`` returns it)."""
+    try:
+        if stream._decode_custom:
+            return None
+        held = stream._cursor._data
+    except AttributeError:
+        return None
+    return held if isinstance(held, deque) else None

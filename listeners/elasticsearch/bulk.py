@@ -25,6 +25,7 @@ being filled, and :meth:`BulkSession.add` blocks while they are busy. Before eve
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +55,17 @@ _BULK_PATH = "/_bulk?filter_path=items.*.status,items.*.error"
 _SINK_REFUSALS = frozenset({401, 403})
 
 
+#: An action line after its head (:func:`_action_head`) and id, then the source line, if any.
+_VERSIONED = b'%s%s,"version":%d,"version_type":"external"}}\n%s'
+_UNVERSIONED = b"%s%s}}\n%s"
+
+
+@functools.lru_cache(maxsize=64)
+def _action_head(op: str, index: str) -> bytes:
+    """``{"index":{"_index":"<index>","_id":``: the same for every item of one batch."""
+    return f'{{"{op}":{{"_index":{_string(index)},"_id":'.encode()
+
+
 @dataclass(slots=True)
 class BulkItem:
     """One bulk action: ``index`` (with ``source``) or ``delete``, under an external version."""
@@ -71,15 +83,14 @@ class BulkItem:
         """The action line (and source line) of this item; ``versioned=False`` is the drill's
         unsafe mode (last writer wins), never used by a fenced tenure."""
         if not self._encoded:
-            # The action line is built as text (it is the same JSON json.dumps gives, keys in
-            # the same order): one json.dumps per item here cost as much as its source.
-            target = f'{{"_index":{_string(self.index)},"_id":{_string(self.doc_id)}'
+            # The action line is built as bytes (the same JSON json.dumps gives, keys in the
+            # same order): one json.dumps per item here cost as much as its source.
+            head, doc = _action_head(self.op, self.index), _string(self.doc_id).encode()
+            source = b"%s\n" % (self.source or b"{}") if self.op == "index" else b""
             if versioned:
-                target += f',"version":{int(self.version)},"version_type":"external"'
-            line = f'{{"{self.op}":{target}}}}}\n'.encode()
-            if self.op == "index":
-                line += (self.source or b"{}") + b"\n"
-            self._encoded = line
+                self._encoded = _VERSIONED % (head, doc, int(self.version), source)
+            else:
+                self._encoded = _UNVERSIONED % (head, doc, source)
         return self._encoded
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bson.timestamp import Timestamp
+
 from listeners.base import ChangeEvent
 from listeners.elasticsearch import fragments
 from listeners.elasticsearch.bulk import BulkItem, DeadLetter
 from listeners.elasticsearch.documents import Transform, doc_id, source_of
 from listeners.elasticsearch.versioning import EventVersioner
 from listeners.streams import token_time
-from singleton import mongo
 
 #: ``lookup(key) -> document or None``: the document as it is now (for split events).
 Lookup = Callable[[Any], "Mapping[str, Any] | None"]
@@ -68,10 +69,13 @@ class ItemMaker:
         if "documentKey" not in event:
             return None  # a fragment: the one with the key is handled in its own batch
         key = event["documentKey"]["_id"]
-        if "clusterTime" not in event:  # a fragment of a split event: the token has it
-            event = {**event, "clusterTime": token_time(event.get("_id"))}
+        at = event.get("clusterTime")
+        if at is None and "clusterTime" not in event:  # a split event's fragment: the token has it
+            at = token_time(event.get("_id"))
+            event = {**event, "clusterTime": at}
+        if not isinstance(at, Timestamp):
+            at = None  # (as mongo.event_time says, without the call: this runs once per event)
         op = event.get("operationType")
-        at = mongo.event_time(event)
         origin = {"op": op, "token": event.get("_id"), "cluster_time": at}
         version = versioner.version(event, at)
         if fragments.needs_lookup(event):

@@ -172,7 +172,15 @@ class EventVersioner:
             ts = event_time(event)
         if ts is None:
             raise VersionOverflowError(f"change event has no clusterTime: {event.get('_id')!r}")
-        return encode(ts.time, ts.inc, self._position(event, ts, _token_bytes(event)))
+        data, seconds, increment = _token_bytes(event), ts.time, ts.inc
+        if "txnNumber" in event or not _bson_shaped(data):
+            return encode(seconds, increment, self._position(event, ts, data))
+        # The commonest case, inline (this runs once per event): a BSON token outside a
+        # transaction is the only event at its cluster time, at position 0.
+        s = seconds - EPOCH
+        if 0 <= s <= MAX_SECONDS and 0 <= increment <= MAX_INCREMENT:
+            return (s << SECONDS_SHIFT) | (increment << INCREMENT_SHIFT)
+        return encode(seconds, increment)  # (out of range: raises)
 
     def position(self, event: Mapping[str, Any], ts: Timestamp) -> int:
         return self._position(event, ts, _token_bytes(event))
