@@ -13,6 +13,7 @@ successor could duplicate, and pass ``ctx.token`` (the fencing token) to sinks t
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args
@@ -78,6 +79,8 @@ class ListenerContext:
     dead_letters: DeadLetterSink | None = None
     #: Free-form per-tenure state for the listener's own use.
     state: dict[str, Any] = field(default_factory=dict)
+    #: Set by the runner when a planned handover begins (see :meth:`handing_over`).
+    draining: threading.Event | None = None
 
     @property
     def token(self) -> int:
@@ -90,6 +93,13 @@ class ListenerContext:
     def check(self) -> None:
         """Raise :class:`singleton.LeaseLostError` if this tenure is over."""
         self.leadership.check()
+
+    def handing_over(self) -> bool:
+        """True once a planned handover (SIGTERM, rotation) began. The drain waits for the act
+        in hand only briefly; an act that waits on its sink may stop early by raising
+        :class:`listeners.handover.HandoverInterrupted`: what it had not finished is not
+        acknowledged, and the successor replays it."""
+        return self.draining is not None and self.draining.is_set()
 
     def load_progress(self) -> dict[str, Any] | None:
         return None if self.progress is None else self.progress.load_progress(self.listener_name)
@@ -229,9 +239,15 @@ class ChangeStreamListener:
     def flush(self, ctx: ListenerContext) -> Acknowledged | None:
         """Wait until everything handed to ``handle_batch`` is acknowledged and return the
         newest position (``None``: nothing new); raise as ``handle_batch`` would. The runner
-        calls it before it saves an idle position, on a handover, before an invalidate and
-        when a stream (re)opens."""
+        calls it before it saves an idle position, before an invalidate and when a stream
+        (re)opens."""
         return None
+
+    def flush_for_handover(self, ctx: ListenerContext, timeout: float) -> Acknowledged | None:
+        """A planned handover: wait at most ``timeout`` seconds (what is left of the drain's
+        budget) for what is in flight, and return the newest position acknowledged by then;
+        the rest is the successor's to replay. Default: :meth:`flush`."""
+        return self.flush(ctx)
 
     # -- optional hooks ----------------------------------------------------------------------
     def on_start(self, ctx: ListenerContext) -> None:

@@ -161,10 +161,11 @@ class CheckpointPolicy:
         if self._pending is not None:
             self._save_pending(*self._pending)
 
-    def release(self) -> None:
+    def release(self, left: float) -> None:
         """A planned handover, on whichever thread closes the tenure's handover gate: save what
-        the sink acknowledged, as before an invalidate (a pipelining subclass flushes first).
-        Events read but not delivered are not saved past: the successor reads them."""
+        the sink acknowledged, as before an invalidate (a pipelining subclass first waits for
+        what is in flight, within ``left`` seconds of the drain's budget). Events read but not
+        delivered are not saved past: the successor reads them."""
         self.before_invalidate()
 
     # -- what to save ---------------------------------------------------------------------

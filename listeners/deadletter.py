@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from bson.timestamp import Timestamp
 from loguru import logger
 
+from listeners.handover import Drained
 from singleton import mongo
 from singleton.clock import Clock
 from singleton.errors import (
@@ -252,9 +253,10 @@ class PoisonHandler:
             try:
                 self._handle(events, ctx)
                 return None, attempt
-            except (LeaseLostError, SinkUnavailableError, SinkRejectedError):
-                # Not about these events: a lost lease, or a sink that is down or refuses every
-                # request. Retrying them one by one would only dead-letter good events.
+            except (LeaseLostError, SinkUnavailableError, SinkRejectedError, Drained):
+                # Not about these events: a lost lease, a handover, or a sink that is down or
+                # refuses every request. Retrying them one by one would only dead-letter good
+                # events.
                 raise
             except Exception as exc:
                 error = exc

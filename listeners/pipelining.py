@@ -61,3 +61,8 @@ class PipelinedCheckpoints(CheckpointPolicy):
     def before_invalidate(self) -> None:
         self._flush()
         super().before_invalidate()
+
+    def release(self, left: float) -> None:
+        # Only what the sink acknowledged within the drain's budget: the rest is replayed.
+        self._settle(self._listener.flush_for_handover(self._ctx, left))
+        CheckpointPolicy.before_invalidate(self)

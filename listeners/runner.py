@@ -66,11 +66,11 @@ DRAIN_TIMEOUT = 0.25
 class _Tenure:
     """One tenure's worker thread and the flags the elector's callbacks set for it."""
 
-    def __init__(self, ld: Leadership, previous: _Tenure | None) -> None:
+    def __init__(self, ld: Leadership, previous: _Tenure | None, drain_timeout: float) -> None:
         self.ld = ld
         self.previous = previous
         self.drain = threading.Event()  # before_release: stop reading, checkpoint, end
-        self.gate = HandoverGate(self.drain)
+        self.gate = HandoverGate(self.drain, drain_timeout)
         self.wake = threading.Event()  # a drain or a loss: cut any wait short
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
@@ -222,7 +222,7 @@ class ListenerRunner:
         with self._lock:
             if self._stopping.is_set() or (self._tenure is not None and self._tenure.ld is ld):
                 return
-            tenure = _Tenure(ld, self._tenure)
+            tenure = _Tenure(ld, self._tenure, self.drain_timeout)
             self._tenure = tenure
         if self.settings.audit is not None:
             self.settings.audit.record("elected", token=ld.token)

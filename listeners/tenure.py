@@ -79,6 +79,7 @@ class TenureWorker:
             listener_name=self.name,
             progress=settings.checkpoints,
             dead_letters=settings.dead_letters,
+            draining=drain,
         )
         self._policy = PipelinedCheckpoints(
             settings.checkpoints,

@@ -21,6 +21,9 @@ def check_numbers(listener: Any, cls: str) -> None:
         value = getattr(listener, opt)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigurationError(f"{cls}.{opt} must be a number > 0, got {value!r}")
+    wait = listener.handover_wait
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < 1e9:
+        raise ConfigurationError(f"{cls}.handover_wait must be a number >= 0, got {wait!r}")
     if listener.gc_safety_factor < 1:
         raise ConfigurationError(
             f"{cls}.gc_safety_factor must be >= 1, got {listener.gc_safety_factor!r}"

@@ -114,6 +114,9 @@ class ElasticsearchSync(ChangeStreamListener):
     window_bytes: int = 32 * 1024 * 1024
     #: Keep requests in flight after handle_batch returned (False: one batch at a time).
     pipelined: bool = True
+    #: A planned handover waits at most this long for requests in flight (the successor
+    #: replays what they carried): the lease moves in about this time even on a slow sink.
+    handover_wait: float = 0.05
     backoff_base: float = 0.05
     backoff_max: float = 5.0
     #: Give up on a failing item after this long (the runner then retries the batch).
@@ -136,7 +139,7 @@ class ElasticsearchSync(ChangeStreamListener):
         frozenset({"es", "api_key", "basic_auth", "ca_certs", "client_cert", "client_key"})
         | {"http_compress", "request_timeout", "index", "transform", "mappings", "settings"}
         | {"on_drop", "ttl", "gc_safety_factor", "dead_letters", "copy_batch_size"}
-        | {"split_large_events", "sink_name", "window_bytes", "pipelined"}
+        | {"split_large_events", "sink_name", "window_bytes", "pipelined", "handover_wait"}
         | {f.name for f in dataclasses.fields(BulkLimits)}  # the bulk writer's options
     )
 
@@ -294,7 +297,12 @@ class ElasticsearchSync(ChangeStreamListener):
 
     def flush(self, ctx: ListenerContext) -> Acknowledged | None:
         self._armed = False  # what comes next (a dead-letter replay) is sent synchronously
-        return None if self._window is None else self._window.flush()
+        return None if self._window is None else self._window.flush(stop=ctx.handing_over)
+
+    def flush_for_handover(self, ctx: ListenerContext, timeout: float) -> Acknowledged | None:
+        self._armed = False
+        wait = min(timeout, self.handover_wait)
+        return None if self._window is None else self._window.flush(wait)
 
     def on_stop(self, ctx: ListenerContext, reason: StopReason) -> None:
         if self._window is not None:  # a tenure that ended unflushed: its successor replays
@@ -314,7 +322,7 @@ class ElasticsearchSync(ChangeStreamListener):
         window, items, versioner = self._window, self._items, self._versioner
         assert window is not None and items is not None and versioner is not None
         if not pipelined:
-            window.wait()  # what was in flight comes first
+            window.wait(stop=ctx.handing_over)  # what was in flight comes first
         window.open()
         pending: dict[str, BulkItem] = {}
         for event in fragments.join(events):
@@ -330,7 +338,9 @@ class ElasticsearchSync(ChangeStreamListener):
                 self._dropped(event, ctx, index, index_name)
         if pipelined and pending:
             index.ensure(index_name, ctx)
-            window.submit(list(pending.values()), ctx.check, ctx.leadership.wait_lost)
+            window.submit(
+                list(pending.values()), ctx.check, ctx.leadership.wait_lost, ctx.handing_over
+            )
         else:
             self._send(list(pending.values()), ctx, index_name)
 

@@ -13,22 +13,32 @@ the window: the other requests are waited for, every entry is dropped (nothing m
 acknowledged) and the error is raised, so the runner reopens the stream after the last
 acknowledged position and the unacknowledged tail is delivered again.
 
+A planned handover waits for the window only briefly (:meth:`BulkWindow.flush` with a timeout):
+what is still in flight then is not acknowledged, and the successor replays it. A batch waiting
+for room stops as soon as ``stop()`` says a handover began (:class:`HandoverInterrupted`), so a
+slow sink never holds up the drain.
+
 Thread model: one caller (the tenure's worker) calls every method; only the requests run on the
 pool. ``check`` runs before every request (:class:`~listeners.elasticsearch.bulk.BulkWriter`).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from collections.abc import Callable, Sequence
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 from listeners.base import Acknowledged
 from listeners.elasticsearch.bulk import BulkItem, BulkWriter, Check, Wait
+from listeners.handover import HandoverInterrupted
 from singleton.errors import LeaseLostError, SinkRejectedError, SinkUnavailableError
 
 __all__ = ["BulkWindow"]
+
+#: How often a batch waiting for room looks at ``stop()`` (its wait is on the requests).
+STOP_POLL = 0.02
 
 
 @dataclass
@@ -56,9 +66,16 @@ class BulkWindow:
         """Start the entry of the next batch (its requests follow, then :meth:`mark`)."""
         self._entries.append(_Entry())
 
-    def submit(self, items: Sequence[BulkItem], check: Check, wait_fn: Wait) -> None:
+    def submit(
+        self,
+        items: Sequence[BulkItem],
+        check: Check,
+        wait_fn: Wait,
+        stop: Callable[[], bool] | None = None,
+    ) -> None:
         """Send ``items`` in requests of at most ``bulk_actions`` items / ``bulk_bytes`` bytes,
-        each once the window has room, as part of the newest entry."""
+        each once the window has room, as part of the newest entry. Raises
+        :class:`HandoverInterrupted` when ``stop()`` turns true while it waits for room."""
         if not self._entries:
             self.open()
         limits, versioned = self._w.limits, self._w.versioned
@@ -67,18 +84,27 @@ class BulkWindow:
         for item in items:
             n = len(item.encoded(versioned))
             if chunk and (len(chunk) >= limits.bulk_actions or size + n > limits.bulk_bytes):
-                self._send(chunk, size, check, wait_fn)
+                self._send(chunk, size, check, wait_fn, stop)
                 chunk, size = [], 0
             chunk.append(item)
             size += n
         if chunk:
-            self._send(chunk, size, check, wait_fn)
+            self._send(chunk, size, check, wait_fn, stop)
 
-    def _send(self, chunk: list[BulkItem], size: int, check: Check, wait_fn: Wait) -> None:
+    def _send(
+        self,
+        chunk: list[BulkItem],
+        size: int,
+        check: Check,
+        wait_fn: Wait,
+        stop: Callable[[], bool] | None,
+    ) -> None:
         while self._inflight and (
             len(self._inflight) >= self.max_requests or self._bytes + size > self.max_bytes
         ):
-            self._reap(FIRST_COMPLETED)
+            if stop is not None and stop():
+                raise HandoverInterrupted("a planned handover began while a batch waited")
+            self._reap(FIRST_COMPLETED, None if stop is None else STOP_POLL)
         check()
         fut = self._w.executor().submit(self._w.send, chunk, check, wait_fn)
         self._inflight[fut] = size
@@ -102,14 +128,26 @@ class BulkWindow:
                 newest = entry.position
         return newest
 
-    def wait(self) -> None:
-        """Wait until every request finished (raises the first error)."""
+    def wait(self, timeout: float | None = None, stop: Callable[[], bool] | None = None) -> None:
+        """Wait until every request finished, or at most ``timeout`` seconds (raises the first
+        error; :class:`HandoverInterrupted` once ``stop()`` says a handover began)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while self._inflight:
-            self._reap("ALL_COMPLETED")
+            if stop is not None and stop():
+                raise HandoverInterrupted("a planned handover began while a flush waited")
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            if stop is not None:
+                left = STOP_POLL if left is None else min(left, STOP_POLL)
+            self._reap(ALL_COMPLETED, left)
 
-    def flush(self) -> Acknowledged | None:
-        """Wait for every request; the newest position (everything is acknowledged then)."""
-        self.wait()
+    def flush(
+        self, timeout: float | None = None, stop: Callable[[], bool] | None = None
+    ) -> Acknowledged | None:
+        """Wait for every request (at most ``timeout`` seconds, and see :meth:`wait` for
+        ``stop``); the newest position whose every earlier request finished."""
+        self.wait(timeout, stop)
         return self.acknowledged()
 
     def abandon(self) -> None:
@@ -120,11 +158,11 @@ class BulkWindow:
         self._entries.clear()
         self._bytes = 0
 
-    def _reap(self, how: str | None) -> None:
+    def _reap(self, how: str | None, timeout: float | None = None) -> None:
         if how is None:
             done = [f for f in self._inflight if f.done()]
         else:
-            done = list(wait(list(self._inflight), return_when=how).done)
+            done = list(wait(list(self._inflight), timeout, return_when=how).done)
         for fut in done:
             self._bytes -= self._inflight.pop(fut)
         for fut in done:

@@ -19,7 +19,7 @@ def test_a_drain_does_not_wait_for_a_read_and_the_read_is_dropped() -> None:
 
     def run() -> None:  # a tenure whose read (a getMore) returns only when ``read`` is set
         try:
-            with gate.acting(lambda: saves.append(threading.current_thread().name)):
+            with gate.acting(lambda _left: saves.append(threading.current_thread().name)):
                 with gate.waiting():
                     reading.set()
                     read.wait(30)
@@ -47,7 +47,7 @@ def test_a_drain_waits_for_the_act_in_hand_at_most_its_bound() -> None:
     acting, finish = threading.Event(), threading.Event()
     errors: list[BaseException] = []
 
-    def final() -> None:
+    def final(_left: float) -> None:
         saves.append("worker")
         raise LeaseLostError("demoted: the bound passed and the lease was released")
 
@@ -76,11 +76,25 @@ def test_a_late_drain_after_the_tenure_ended_saves_nothing() -> None:
     drain = threading.Event()
     gate = HandoverGate(drain)
     saves: list[str] = []
-    with gate.acting(lambda: saves.append("x")):
+    with gate.acting(lambda _left: saves.append("x")):
         pass
     drain.set()
     assert gate.close(timeout=1) is True
     assert saves == []
-    with pytest.raises(Drained), gate.acting(lambda: saves.append("y")):
+    with pytest.raises(Drained), gate.acting(lambda _left: saves.append("y")):
         pass  # a worker that starts after the drain does nothing
     assert saves == []
+
+
+def test_an_act_cut_short_by_the_drain_saves_what_came_before_it_within_the_budget() -> None:
+    from listeners.handover import HandoverInterrupted
+
+    drain = threading.Event()
+    gate = HandoverGate(drain, budget=0.25)
+    lefts: list[float] = []
+    drain.set()  # the drain began while the act waited on its sink
+    with pytest.raises(Drained), gate.acting(lefts.append):
+        raise HandoverInterrupted("a batch waited for room")
+    assert len(lefts) == 1 and 0 <= lefts[0] <= 0.25  # saved once, with what is left
+    assert gate.close(timeout=1) is True  # nothing more to do
+    assert len(lefts) == 1
