@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import pymongo
 from bson.timestamp import Timestamp
 from loguru import logger
 
@@ -37,6 +38,9 @@ from singleton.mongo import event_time
 
 if TYPE_CHECKING:
     from listeners.base import ChangeEvent, ListenerContext
+
+#: The least time a handover's checkpoint write gets, even when the drain's budget is spent.
+RELEASE_FLOOR = 0.02
 
 
 class LastSeen:
@@ -165,8 +169,17 @@ class CheckpointPolicy:
         """A planned handover, on whichever thread closes the tenure's handover gate: save what
         the sink acknowledged, as before an invalidate (a pipelining subclass first waits for
         what is in flight, within ``left`` seconds of the drain's budget). Events read but not
-        delivered are not saved past: the successor reads them."""
-        self.before_invalidate()
+        delivered are not saved past: the successor reads them. The save, too, ends within
+        ``left`` (at least :data:`RELEASE_FLOOR`): a slow store leaves the successor more to
+        replay rather than the handover waiting for it."""
+        with self.within(left):
+            self.before_invalidate()
+
+    @staticmethod
+    def within(left: float) -> contextlib.AbstractContextManager[None]:
+        """Every MongoDB call inside ends within ``left`` seconds from now (or sooner, if an
+        enclosing bound says so); other stores rely on their own timeouts."""
+        return pymongo.timeout(max(left, RELEASE_FLOOR))
 
     # -- what to save ---------------------------------------------------------------------
     @property

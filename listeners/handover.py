@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from loguru import logger
 
 from singleton.clock import SYSTEM_CLOCK, Clock
-from singleton.errors import SingletonError
+from singleton.errors import BackendUnavailableError, SingletonError
 
 #: Saves what the sink acknowledged; gets the seconds left of the drain's budget.
 Final = Callable[[float], None]
@@ -76,7 +76,10 @@ class HandoverGate:
     def _finish(self) -> None:
         if not self._closed:
             self._closed = True
-            self._final(self._left())
+            try:
+                self._final(self._left())
+            except BackendUnavailableError as exc:  # slow or down: the successor replays more
+                logger.warning("handover checkpoint not saved: {}", exc)
 
     @contextlib.contextmanager
     def acting(self, final: Final) -> Iterator[None]:

@@ -64,5 +64,7 @@ class PipelinedCheckpoints(CheckpointPolicy):
 
     def release(self, left: float) -> None:
         # Only what the sink acknowledged within the drain's budget: the rest is replayed.
-        self._settle(self._listener.flush_for_handover(self._ctx, left))
-        CheckpointPolicy.before_invalidate(self)
+        # One deadline for both: the wait for the sink and the save after it.
+        with self.within(left):
+            self._settle(self._listener.flush_for_handover(self._ctx, left))
+            CheckpointPolicy.before_invalidate(self)

@@ -98,3 +98,23 @@ def test_an_act_cut_short_by_the_drain_saves_what_came_before_it_within_the_budg
     assert len(lefts) == 1 and 0 <= lefts[0] <= 0.25  # saved once, with what is left
     assert gate.close(timeout=1) is True  # nothing more to do
     assert len(lefts) == 1
+
+
+def test_a_handover_checkpoint_the_store_does_not_answer_still_ends_as_a_handover() -> None:
+    """A save that times out at a handover is a warning (the successor replays more), not a
+    failed tenure: on the worker's thread the tenure still ends in ``Drained``."""
+    from listeners.handover import HandoverInterrupted
+    from singleton.errors import BackendUnavailableError
+
+    drain = threading.Event()
+    gate = HandoverGate(drain, budget=0.25)
+    tried: list[float] = []
+
+    def final(left: float) -> None:
+        tried.append(left)
+        raise BackendUnavailableError("save checkpoint: timed out")
+
+    drain.set()
+    with pytest.raises(Drained), gate.acting(final):
+        raise HandoverInterrupted("a batch waited for room")
+    assert len(tried) == 1
