@@ -106,9 +106,12 @@ def test_initial_sync_with_concurrent_writes_resumes_after_a_stop(
     seen = Counting()
     listener2 = ElasticsearchSync(**options, transform=seen)
     listener2.initial_sync(second)
-    # A copy that started over would see every document again, besides the replayed events.
+    # A resumed copy sees the documents not yet copied plus the replayed events (a document the
+    # writer inserted can be both); one that started over would also see the ~10,000 copied ones
+    # again. The bound sits halfway between, so neither the writer's pace nor the load decides it.
     expected = DOCS - saved["copied"] + writer.writes
-    assert seen.count <= expected + 600, ("the copy did not resume", seen.count, expected)
+    bound = expected + saved["copied"] // 2
+    assert seen.count <= bound, ("the copy did not resume", seen.count, expected, bound)
     assert progress.load_progress(listener.lease_name) is None  # cleared once complete
 
     es_support.put_marker(coll)

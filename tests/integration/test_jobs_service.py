@@ -1,19 +1,20 @@
 """Leader-only scheduled jobs across three ``singleton run`` replicas on real Redis and
 SecantusDB: through SIGKILL, SIGSTOP (3 x ttl) and SIGTERM of the leader, every fire time from
-the first to the last recorded runs exactly once, tokens never decrease in fire-time order and
-each token belongs to one replica."""
+the first to the last recorded runs exactly once - except a fire time the killed or paused
+leader had claimed and not yet run (at most once, by design: it is claimed, never run twice) -
+tokens never decrease in fire-time order and each token belongs to one replica. A SIGTERM'd
+leader finishes what it claimed."""
 
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from singleton.abc import LeaseBackend
+from singleton.abc import FireClaim, LeaseBackend
 from singleton.service.embedded import wait_until
 from tests.integration.cluster import ReplicaProc, status_json, store_args
 from tests.integration.job_support import RECORD_ENV, exactly_once_violations, read_runs
@@ -30,12 +31,11 @@ misfire_grace = 30.0
 """
 
 
-def mid_interval() -> None:
-    """Pace a fault to half-way between two fire times (whole seconds), so that no call is
-    between its claim and its record when the process dies: a claimed fire time whose call
-    dies with the process is not run again (at most once, by design), which this test would
-    count as missing. Pacing, not synchronisation: nothing is waited for."""
-    threading.Event().wait((0.5 - time.time() % 1.0) % 1.0)
+def tenure(backend: LeaseBackend, identity: str) -> int:
+    """The token of ``identity``'s tenure of the job's lease, read just before it is faulted."""
+    state = backend.inspect(JOB)
+    assert state is not None and state.identity == identity, state
+    return state.token
 
 
 def successor(backend: LeaseBackend, old: str, timeout: float) -> str:
@@ -48,8 +48,7 @@ def successor(backend: LeaseBackend, old: str, timeout: float) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.serial  # the faults land mid-interval by the clock: a loaded box can slip them
-@pytest.mark.parametrize("kind", ["redis", "mongo"])  # onto a claim (claimed once, never rerun)
+@pytest.mark.parametrize("kind", ["redis", "mongo"])
 def test_every_fire_time_once_through_kill_stop_and_term(
     kind: str, redis_url: str, mongo_url: str, unique: str, tmp_path: Path
 ) -> None:
@@ -81,7 +80,7 @@ def test_every_fire_time_once_through_kill_stop_and_term(
         assert job["last_outcome"] == "ok", job
 
         # SIGKILL: the lease expires after ttl; the fire times of the gap run late, once.
-        mid_interval()
+        died = {tenure(backend, leader)}
         procs[leader].signal(signal.SIGKILL)
         procs[leader].wait(10)
         new = successor(backend, leader, 3 * TTL)
@@ -91,7 +90,7 @@ def test_every_fire_time_once_through_kill_stop_and_term(
         # SIGSTOP for 3 x ttl: the successor runs the job meanwhile; the paused leader, resumed,
         # finds its tenure over and its claims refused.
         leader = new
-        mid_interval()
+        died.add(tenure(backend, leader))
         stopped_ms = int(time.time() * 1000)
         procs[leader].signal(signal.SIGSTOP)
         try:
@@ -105,7 +104,6 @@ def test_every_fire_time_once_through_kill_stop_and_term(
 
         # SIGTERM: drain and release; the successor is elected at once.
         leader = new
-        mid_interval()
         termed_ms = int(time.time() * 1000)
         procs[leader].signal(signal.SIGTERM)
         new = successor(backend, leader, TTL / 2)  # well before the ttl: a release
@@ -120,15 +118,19 @@ def test_every_fire_time_once_through_kill_stop_and_term(
         backend.close()
 
     runs = read_runs(record)
-    assert exactly_once_violations(runs, 1000) == []
-    assert len({r.token for r in runs}) >= 4  # the first leader and three successors
     claims = backend_fires(kind, redis_url, mongo_url, ns)
-    assert claims[0] == max(r.fire_ms for r in runs)
+    # a claim whose tenure died (SIGKILL) or was deposed (SIGSTOP) between claim and call
+    by_fire = {c.fire_ms: c.token for c in claims}
+    excused = [f for f, t in by_fire.items() if t in died and f not in {r.fire_ms for r in runs}]
+    assert len(excused) <= 2, excused  # at most the one in hand at each of the two faults
+    assert exactly_once_violations(runs, 1000, excused.__contains__) == []
+    assert len({r.token for r in runs}) >= 4  # the first leader and three successors
+    assert claims[0].fire_ms == max(r.fire_ms for r in runs)
 
 
-def backend_fires(kind: str, redis_url: str, mongo_url: str, ns: str) -> list[int]:
+def backend_fires(kind: str, redis_url: str, mongo_url: str, ns: str) -> list[FireClaim]:
     backend = lease_backend(kind, redis_url, mongo_url, ns)
     try:
-        return [c.fire_ms for c in backend.fires(JOB)]
+        return backend.fires(JOB)
     finally:
         backend.close()
