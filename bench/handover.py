@@ -4,7 +4,11 @@ replicas mirroring ~1,000 events/s into Elasticsearch (embedded Redis, SecantusD
 * gap: signal sent to the leader -> a new tenure holds the lease (the lease store polled every
   2 ms), p50/p99/max per kind; goal p99 <= 100 ms;
 * ``waited_for_expiry``: planned handovers whose leader did not give the lease back (no
-  ``released: ... token=T ok=True`` line in its log), so the successor waited for the ttl; goal 0.
+  ``released: ... token=T ok=True`` line in its log), so the successor waited for the ttl; goal 0;
+* ``checkpoint_not_saved``: handovers whose checkpoint write did not finish within the drain's
+  budget (``handover checkpoint not saved`` in the logs: released anyway, the successor replays);
+* ``store_write_ms``: the stand-in's own latency meanwhile - a probe updating one document of
+  the same SecantusDB every 20 ms - so a slow handover can be told from a slow store.
 
     python -m bench.handover            # ROUNDS of each kind
 """
@@ -83,6 +87,15 @@ def main() -> dict[str, Any]:
     def writer() -> None:
         paced_writer(client["bench"]["orders"], RATE, 20, stop, written)
 
+    probe_ms: list[float] = []
+
+    def probe() -> None:
+        coll = client["bench"]["probe"]
+        while not stop.wait(0.02):
+            t0 = time.perf_counter()
+            coll.update_one({"_id": 1}, {"$inc": {"n": 1}}, upsert=True)
+            probe_ms.append((time.perf_counter() - t0) * 1000)
+
     def holder() -> tuple[str, int] | None:
         state = backend.inspect(LEASE)
         return None if state is None else (state.identity, state.token)
@@ -95,6 +108,8 @@ def main() -> dict[str, Any]:
         wait_until(lambda: holder() is not None, 30, what="a leader")
         t = threading.Thread(target=writer, daemon=True)
         t.start()
+        prober = threading.Thread(target=probe, daemon=True)
+        prober.start()
         started = time.monotonic()
         stop.wait(5.0)  # steady state under load
         for round_ in range(ROUNDS * len(KINDS)):
@@ -125,8 +140,17 @@ def main() -> dict[str, Any]:
         rate = written[0] / (time.monotonic() - started)
         stop.set()
         t.join(5)
+        prober.join(5)
+        logs = [p.log_path.read_text(errors="replace") for p in procs.values()]
         return {
             "write_rate_per_s": round(rate, 1),
+            "checkpoint_not_saved": sum(g.count("handover checkpoint not saved") for g in logs),
+            "store_write_ms": {
+                "p50": round(pct(probe_ms, 0.5), 1),
+                "p99": round(pct(probe_ms, 0.99), 1),
+                "max": round(max(probe_ms), 1),
+                "writes": len(probe_ms),
+            },
             **{
                 f"{kind}_handover_ms": {
                     "p50": round(pct(values, 0.5) * 1000, 1),

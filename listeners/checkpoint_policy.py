@@ -91,6 +91,13 @@ class CheckpointPolicy:
         # Handled but not yet saved: (position after the batch, its last event's cluster time).
         self._pending: tuple[Any, Timestamp | None] | None = None
         self._last_save = clock.monotonic()
+        #: Around a routine save on the worker's thread (under load, or idle): the tenure makes
+        #: it an opening of its handover gate, so a drain does not wait for a slow store - it
+        #: saves the same position itself, and the worker's write, fenced, is the successor's
+        #: to refuse or harmless.
+        #: The checkpoint whose write is in flight (a drain does not write an older one).
+        self._writing: Checkpoint | None = None
+        self.routine: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
 
     @property
     def name(self) -> str:
@@ -147,14 +154,16 @@ class CheckpointPolicy:
     def after_batch(self) -> None:
         """Under load: save the handled position at most every ``interval`` seconds."""
         if self._pending is not None and self._due(self.interval):
-            self._save_pending(*self._pending)
+            with self.routine():
+                self._save_pending(*self._pending)
 
     def caught_up(self, token: Any) -> None:
         """The stream is idle at ``token``: save what was handled, or the idle advance."""
         if self._pending is not None or (
             self._due(self.idle_interval) and token != self.saved_token
         ):
-            self._save_pending(token, self._pending_time)
+            with self.routine():
+                self._save_pending(token, self._pending_time)
 
     def handover(self, token: Any) -> None:
         """Before the lease is released: everything handled is saved, so nothing replays."""
@@ -214,10 +223,20 @@ class CheckpointPolicy:
             start_after=start_after,
             deployment=self._deployment,
         )
+        writing = self._writing
+        if writing is not None and writing.fencing_token == ld.token:
+            if writing.cluster_time >= cp.cluster_time:  # a drain during a routine save
+                logger.debug("checkpoint: listener={} already being saved", self.name)
+                return
         self._ctx.check()
         sent = self._audit.now() if self._audit is not None else 0.0
-        with self._bounded():
-            self._store.save(cp)
+        self._writing = cp
+        try:
+            with self._bounded():
+                self._store.save(cp)
+        finally:
+            if self._writing is cp:
+                self._writing = None
         if self._audit is not None:
             self._audit.record("checkpoint", token=ld.token, ct=ts_pair(cp.cluster_time), sent=sent)
         self.last = cp

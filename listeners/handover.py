@@ -7,7 +7,8 @@ opening a stream, a reconnect backoff. It only waits for the act in hand (a ``ha
 checkpoint write), then saves the position the sink acknowledged, and the worker never acts again.
 
 :class:`HandoverGate` does that with one lock. The worker holds it for the whole tenure and lets
-go of it only while it waits for input (:meth:`HandoverGate.waiting`). A drain takes it, bounded
+go of it only while it waits for input or for a routine checkpoint write
+(:meth:`HandoverGate.waiting`). A drain takes it, bounded
 (:meth:`HandoverGate.close`): either the worker is between acts and the drain saves the
 acknowledged position itself, or the worker notices the drain first at its next step
 (:meth:`HandoverGate.check`) and saves it. Either way it is saved once, under the lock, and the

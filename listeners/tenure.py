@@ -93,6 +93,7 @@ class TenureWorker:
             deployment=settings.listener.deployment(),
             listener=settings.listener,
         )
+        self._policy.routine = self._gate.waiting
         self._marker = CheckpointMarker(settings.lease_store, self.name, self._bounded)
         self._replayer = Replayer(settings.dead_letters, self.name, clock=settings.clock)
         self._large = LargeEvents(settings.listener, self._policy, self.ctx)

@@ -118,3 +118,85 @@ def test_a_handover_checkpoint_the_store_does_not_answer_still_ends_as_a_handove
     with pytest.raises(Drained), gate.acting(final):
         raise HandoverInterrupted("a batch waited for room")
     assert len(tried) == 1
+
+
+@pytest.mark.parametrize("newer", [False, True])
+def test_a_drain_does_not_wait_for_a_routine_checkpoint_write(newer: bool) -> None:
+    """The worker is inside a periodic save the store does not answer: the drain takes the gate
+    anyway. It writes nothing older than or equal to that save's position (which lands or is
+    refused; either way nothing acknowledged is lost), but a newer acknowledged position it
+    writes itself. The worker, when its write returns, ends."""
+    from contextlib import nullcontext
+    from typing import Any
+
+    from bson.timestamp import Timestamp
+    from loguru import logger
+
+    from listeners.base import ListenerContext
+    from listeners.checkpoint import Checkpoint, CheckpointStore
+    from listeners.checkpoint_policy import CheckpointPolicy
+    from singleton.abc import Lease
+    from singleton.leadership import Leadership
+    from singleton.testing import FakeClock
+
+    class SlowStore(CheckpointStore):
+        """The first save blocks until ``answer`` is set; every save is kept."""
+
+        def __init__(self) -> None:
+            self.saved: list[tuple[str, Timestamp]] = []
+            self.writing, self.answer = threading.Event(), threading.Event()
+
+        def load(self, name: str) -> Checkpoint | None:
+            return None
+
+        def claim(self, name: str, fencing_token: int, holder: str, deployment: Any) -> Any:
+            return None
+
+        def save(self, checkpoint: Checkpoint) -> None:
+            if not self.writing.is_set():
+                self.writing.set()
+                assert self.answer.wait(30)
+            self.saved.append((threading.current_thread().name, checkpoint.cluster_time))
+
+        def load_progress(self, name: str) -> dict[str, Any] | None:
+            return None
+
+        def save_progress(self, name: str, data: Any, leadership: Any) -> None:
+            return None
+
+    def at(t: int) -> tuple[dict[str, str], list[dict[str, Any]]]:
+        token = {"_data": f"82{t:08x}{0:08x}"}
+        return token, [{"_id": token, "clusterTime": Timestamp(t, 0)}]
+
+    clock = FakeClock()
+    ld = Leadership(Lease("n", "me/1", 7, 10.0), "me", clock.monotonic() + 100, clock)
+    ctx = ListenerContext(leadership=ld, client=None, logger=logger, listener_name="n")  # type: ignore[arg-type]
+    store = SlowStore()
+    policy = CheckpointPolicy(
+        store, ctx, clock=clock, interval=0.0, idle_interval=5.0, bounded=nullcontext
+    )
+    drain = threading.Event()
+    gate = HandoverGate(drain, budget=30)
+    policy.routine = gate.waiting
+    ended: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            with gate.acting(policy.release):
+                policy.handled(*at(5))
+                policy.after_batch()  # blocks in the store
+        except BaseException as exc:
+            ended.append(exc)
+
+    t = threading.Thread(target=worker, name="worker")
+    t.start()
+    assert store.writing.wait(30)
+    if newer:  # what a pipelining sink's flush acknowledges at the drain
+        policy.handled(*at(6))
+    drain.set()
+    assert gate.close(timeout=30) is True  # while the worker's write still hangs
+    assert store.saved == ([("MainThread", Timestamp(6, 0))] if newer else [])
+    store.answer.set()
+    t.join(30)
+    assert len(ended) == 1 and isinstance(ended[0], Drained), ended
+    assert store.saved[-1] == ("worker", Timestamp(5, 0))
