@@ -230,6 +230,12 @@ class ChangeStreamListener:
     # window) overrides both; the runner then checkpoints only what they report
     # (listeners.pipelining). The invariant stays: a position is saved only once the sink
     # acknowledged every event before it.
+    def next_batch_size(self) -> int:
+        """How many events the next batch may hold; the runner asks as each batch starts.
+        Default ``batch_size``; a sink may adapt it to what it measures (``ElasticsearchSync``
+        does, :mod:`listeners.elasticsearch.adaptive`), never above ``batch_size``."""
+        return self.batch_size
+
     def acknowledged(self, token: Any, batch: Sequence[ChangeEvent]) -> Acknowledged | None:
         """Called by the runner right after ``handle_batch(batch)`` returned on the stream
         (``token``: the position after ``batch``). Return the newest position whose every

@@ -133,7 +133,8 @@ class StreamReader:
     """Gathers one open stream's events into batches. ``bounded()`` wraps every read that may
     do I/O (the caller's timeout, so a hung server cannot outlast the renew deadline).
 
-    The listener's ``batch_size`` is read as each batch starts (it may change between batches).
+    The listener's ``next_batch_size()`` is asked as each batch starts (it may change between
+    batches).
     Events the driver decoded already (the rest of a ``getMore``'s batch) are taken straight
     from its buffer, all but the last, without a ``try_next`` each (pymongo 4 internals, looked
     up on every read: without them every event goes through ``try_next``, only slower). The
@@ -233,7 +234,7 @@ class StreamReader:
         batch = self._batch
         if not batch:
             self._first_at = now
-            self._batch_size = self._listener.batch_size
+            self._batch_size = self._listener.next_batch_size()
         batch.append(event)
         if len(batch) >= self._batch_size or now - self._first_at >= self._max_wait:
             return Step("full", self.resume_token, self.in_hand())

@@ -150,6 +150,8 @@ Check = Callable[[], None]
 #: ``wait(seconds) -> bool``: sleep interruptibly; True means "stop now" (then ``check`` raises).
 Wait = Callable[[float], bool]
 OnDead = Callable[[list[DeadLetter]], None]
+#: ``observe(items, bytes, seconds, pushed_back)``: told of every bulk request's answer.
+Observe = Callable[[int, int, float, bool], None]
 
 
 class BulkWriter:
@@ -163,8 +165,10 @@ class BulkWriter:
         on_dead: OnDead,
         logger: Any = None,
         versioned: bool = True,
+        observe: Observe | None = None,
     ) -> None:
         self.transport = transport
+        self.observe = observe
         self.limits = limits
         self.on_dead = on_dead
         #: external versions on every action (False only in the drill's unfenced mode)
@@ -224,6 +228,13 @@ class BulkWriter:
         """One request for ``pending``: the items to retry, and why."""
         body = b"".join(item.encoded(self.versioned) for item in pending)
         self.stats.add(requests=1, sent_bytes=len(body))
+        started = time.monotonic()
+        retry, why = self._request(pending, body)
+        if self.observe is not None:
+            self.observe(len(pending), len(body), time.monotonic() - started, bool(retry))
+        return retry, why
+
+    def _request(self, pending: list[BulkItem], body: bytes) -> tuple[list[BulkItem], str]:
         try:
             status, resp = self.transport.request("POST", _BULK_PATH, body, ndjson=True)
         except EsUnavailableError as exc:

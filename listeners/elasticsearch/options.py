@@ -8,7 +8,13 @@ from singleton.errors import ConfigurationError
 from singleton.retry import Backoff
 
 POSITIVE_INTEGERS = ("bulk_actions", "bulk_bytes", "concurrency", "copy_batch_size", "window_bytes")
-POSITIVE_NUMBERS = ("request_timeout", "ttl", "gc_safety_factor", "retry_timeout")
+POSITIVE_NUMBERS = (
+    "request_timeout",
+    "ttl",
+    "gc_safety_factor",
+    "retry_timeout",
+    "target_bulk_seconds",
+)
 
 
 def check_numbers(listener: Any, cls: str) -> None:
@@ -21,6 +27,11 @@ def check_numbers(listener: Any, cls: str) -> None:
         value = getattr(listener, opt)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigurationError(f"{cls}.{opt} must be a number > 0, got {value!r}")
+    for opt in ("pipelined", "adaptive_batch"):
+        if not isinstance(getattr(listener, opt), bool):
+            raise ConfigurationError(
+                f"{cls}.{opt} must be true or false, got {getattr(listener, opt)!r}"
+            )
     wait = listener.handover_wait
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < 1e9:
         raise ConfigurationError(f"{cls}.handover_wait must be a number >= 0, got {wait!r}")

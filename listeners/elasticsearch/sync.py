@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -51,6 +52,7 @@ from listeners.base import (
 )
 from listeners.deadletter import DeadLetterStore
 from listeners.elasticsearch import fragments, partitioned
+from listeners.elasticsearch.adaptive import BatchSizer, sizer_for
 from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkStats, BulkWriter, DeadLetter
 from listeners.elasticsearch.copy import InitialCopy
 from listeners.elasticsearch.deadletters import EsDeadLetters
@@ -63,7 +65,7 @@ from listeners.elasticsearch.documents import index_name as make_index_name
 from listeners.elasticsearch.index import IndexKeeper
 from listeners.elasticsearch.items import ItemMaker
 from listeners.elasticsearch.options import check_numbers
-from listeners.elasticsearch.transport import Transport, describe, make_transport
+from listeners.elasticsearch.transport import Transport, describe, listener_transport
 from listeners.elasticsearch.versioning import EventVersioner, first_seq_at
 from listeners.elasticsearch.window import BulkWindow
 from singleton import mongo
@@ -104,6 +106,9 @@ class ElasticsearchSync(ChangeStreamListener):
     #: Events per stream batch: one batch fills one bulk request (``bulk_actions``); measured
     #: 0.62 -> 1.0 of the sink's raw rate on small documents against the base class's 500.
     batch_size: int = 1000
+    #: Adapt the batch size (<= ``batch_size``) to the bulk requests' latency and bytes.
+    adaptive_batch: bool = True
+    target_bulk_seconds: float = 1.0
     #: A bulk request goes out at this many items, this many bytes, or this age.
     bulk_actions: int = 1000
     bulk_bytes: int = 5 * 1024 * 1024
@@ -140,6 +145,7 @@ class ElasticsearchSync(ChangeStreamListener):
         | {"http_compress", "request_timeout", "index", "transform", "mappings", "settings"}
         | {"on_drop", "ttl", "gc_safety_factor", "dead_letters", "copy_batch_size"}
         | {"split_large_events", "sink_name", "window_bytes", "pipelined", "handover_wait"}
+        | {"adaptive_batch", "target_bulk_seconds"}
         | {f.name for f in dataclasses.fields(BulkLimits)}  # the bulk writer's options
     )
 
@@ -157,6 +163,7 @@ class ElasticsearchSync(ChangeStreamListener):
         self._armed = False
         self._dead_store: Any = None
         self._ctx: ListenerContext | None = None
+        self._sizer: BatchSizer | None = None
 
     def _validate(self) -> None:
         super()._validate()
@@ -201,25 +208,17 @@ class ElasticsearchSync(ChangeStreamListener):
     def _setup(self, ctx: ListenerContext) -> tuple[BulkWriter, IndexKeeper]:
         self._ctx = ctx
         if self._writer is None or self._index is None:
-            transport, owned = make_transport(
-                self.es,
-                api_key=self.api_key,
-                basic_auth=tuple(self.basic_auth) if self.basic_auth else None,
-                ca_certs=self.ca_certs,
-                client_cert=self.client_cert,
-                client_key=self.client_key,
-                http_compress=self.http_compress,
-                request_timeout=self.request_timeout,
-                maxsize=self.concurrency + 2,
-            )
+            transport, owned = listener_transport(self)
             self._owned_transport = transport if owned else None
             limits = {f.name: getattr(self, f.name) for f in dataclasses.fields(BulkLimits)}
+            self._sizer = sizer_for(self, time.monotonic) if self.adaptive_batch else None
             self._writer = BulkWriter(
                 transport,
                 BulkLimits(**limits),
                 on_dead=self._dead,
                 logger=ctx.logger,
                 versioned=ctx.leadership.fenced,
+                observe=None if self._sizer is None else self._sizer.observe,
             )
             self._window = BulkWindow(
                 self._writer, max_requests=self.concurrency, max_bytes=self.window_bytes
@@ -287,6 +286,10 @@ class ElasticsearchSync(ChangeStreamListener):
         :mod:`.window`); called any other way it returns once they all finished."""
         pipelined, self._armed = self._armed and self.pipelined, False
         self._apply(events, ctx, self._index_name, pipelined=pipelined)
+
+    def next_batch_size(self) -> int:
+        """``batch_size``, or less while the sink is slow (``adaptive_batch``)."""
+        return self.batch_size if self._sizer is None else self._sizer.size
 
     def acknowledged(self, token: Any, batch: Sequence[ChangeEvent]) -> Acknowledged | None:
         self._armed = True  # the runner follows the protocol: the next batch may pipeline

@@ -40,6 +40,8 @@ def test_429_for_30_percent_of_items_loses_nothing_and_bad_documents_are_dead_le
         es_support.handle_until_marker(listener, ctx, coll, start)
         assert proxy.rejected > 100, proxy.rejected
         assert listener.stats.retried >= proxy.rejected, listener.stats
+        # every request was pushed back: the next stream batch is smaller (adaptive_batch)
+        assert listener.next_batch_size() < listener.batch_size
         listener.close()
 
     diff = compare(coll, es_url, listener.index_name)

@@ -1,4 +1,4 @@
-"""StreamReader reads the listener's batch size as each batch starts (it may change between
+"""StreamReader asks the listener's batch size as each batch starts (it may change between
 batches), for a partition's runs of others' events too, and events taken from the driver's
 buffer carry the resume token ``try_next`` would give them."""
 
@@ -23,9 +23,12 @@ class _Listener:
         self.reads = 0
 
     @property
-    def batch_size(self) -> int:
+    def batch_size(self) -> int:  # read for a partition's run of others' events
         self.reads += 1
         return next(self._sizes)
+
+    def next_batch_size(self) -> int:  # asked as each batch starts
+        return self.batch_size
 
 
 class _Plain:
