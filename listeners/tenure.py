@@ -97,6 +97,12 @@ class TenureWorker:
         self._marker = CheckpointMarker(settings.lease_store, self.name, self._bounded)
         self._replayer = Replayer(settings.dead_letters, self.name, clock=settings.clock)
         self._large = LargeEvents(settings.listener, self._policy, self.ctx)
+        #: The bound of a read that may wait (a ``getMore``): ``op_timeout``, doubled (up to
+        #: ``open_timeout``) after each read that timed out, back once the stream reads again -
+        #: a server that needs longer to resume a stream than ``op_timeout`` must not keep the
+        #: tenure retrying the same read forever. (A read writes nothing: ``ctx.check()`` still
+        #: runs before every write, so a longer read never outlives the lease's safety.)
+        self._read_timeout = settings.op_timeout
         self._backoff = Backoff(
             settings.reconnect_backoff, settings.max_reconnect_backoff, rng=settings.rng
         )
@@ -225,6 +231,7 @@ class TenureWorker:
         reported by an earlier tenure no longer stands."""
         self._failing_since = None
         self._backoff.reset()
+        self._read_timeout = self._s.op_timeout
         if self.streaming_since is None:
             self.streaming_since = self._s.clock.monotonic()
             self._board.set(failure=None)
@@ -310,6 +317,8 @@ class TenureWorker:
         if kind in ("fatal", "too_large"):
             raise exc
         self._spend_budget(exc)
+        if getattr(exc, "timeout", False):  # pymongo's: the server did not answer in time
+            self._read_timeout = min(self._s.open_timeout, self._read_timeout * 2)
         self._reconnect_wait(exc)
         if pos is None:
             return None
@@ -370,7 +379,7 @@ class TenureWorker:
     @contextlib.contextmanager
     def _reading(self) -> Iterator[None]:
         """A read that may wait (a ``getMore``): bounded, and a drain does not wait for it."""
-        with self._gate.waiting(), self._bounded():
+        with self._gate.waiting(), pymongo.timeout(self._read_timeout):
             yield
 
     def _cluster_time(self) -> Timestamp:

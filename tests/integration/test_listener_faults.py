@@ -77,3 +77,26 @@ def test_permission_error_fails_fast(faulty_mongo: MongoServer, unique: str) -> 
     assert status.reconnects == 0
     assert status.last_outcome is not None
     assert (status.last_outcome.kind, status.last_outcome.retryable) == ("failed", False)
+
+
+def test_a_server_slower_than_the_read_bound_is_read_with_a_longer_one(
+    faulty_mongo: MongoServer, unique: str
+) -> None:
+    """Every getMore takes longer than the read bound (half the renew deadline): each timed-out
+    read doubles the bound (up to ``open_timeout``), so the stream reads on instead of retrying
+    the same read until the failure budget ends the tenure."""
+    scene = Scene.on(faulty_mongo.url, unique)
+    listener = scene.listener("c")
+    runner = scene.runner(listener).start()
+    try:
+        wait_state(runner, "streaming")
+        slow = 2.5 * runner.elector.renew_deadline / 2  # past the bound, within two doublings
+        block = {"blockConnection": True, "blockTimeMS": int(slow * 1000)}
+        set_fail_point(scene.client, "alwaysOn", failCommands=["getMore"], **block)
+        scene.coll("c").insert_many([{"_id": i} for i in range(20)])
+        wait_until(lambda: runner.status().reconnects >= 1, 20, what="a read that timed out")
+        wait_until(lambda: len(set(listener.keys())) >= 20, 30, what="the events, read slowly")
+    finally:
+        set_fail_point(scene.client, "off")
+        runner.stop()
+    assert runner.status().state == "stopped"
