@@ -50,7 +50,7 @@ __all__ = ["RETRY_STATUSES", "BulkItem", "BulkLimits", "BulkStats", "BulkWriter"
 
 #: Only what the answer is read for: the items' statuses and errors (a far smaller answer to
 #: parse than the full one; servers that ignore ``filter_path`` give the full one, also fine).
-_BULK_PATH = "/_bulk?filter_path=items.*.status,items.*.error"
+_BULK_PATH = "/_bulk?filter_path=errors,items.*.status,items.*.error"
 #: Item statuses that concern every document alike: the whole tenure fails (see above).
 _SINK_REFUSALS = frozenset({401, 403})
 
@@ -249,6 +249,9 @@ class BulkWriter:
                 f"bulk answer from {self.transport.description} has "
                 f"{len(results) if isinstance(results, list) else 'no'} items for {len(pending)}"
             )
+        if resp.get("errors") is False:  # every item written (a 404 delete too): no loop
+            self.stats.add(written=len(pending))
+            return [], ""
         return self._settle(pending, results)
 
     def _settle(self, pending: list[BulkItem], results: list[Any]) -> tuple[list[BulkItem], str]:

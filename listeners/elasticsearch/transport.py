@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Protocol
 from urllib.parse import quote
 
 import elastic_transport
+import orjson
 from elastic_transport.client_utils import url_to_node_config
 
 from singleton.errors import ConfigurationError, SinkRejectedError, SinkUnavailableError
@@ -101,7 +102,11 @@ def _decode(data: Any) -> Any:
     if not data:
         return None
     try:
-        return json.loads(data)
+        return orjson.loads(data)  # (a bulk answer has an item per document: the faster parser)
+    except ValueError:
+        pass
+    try:
+        return json.loads(data)  # what orjson refuses but json reads (NaN, huge integers)
     except ValueError:
         return {"error": {"type": "unparseable_response", "reason": data[:200].decode("latin-1")}}
 

@@ -93,3 +93,49 @@ def test_item_refusals_that_hold_for_every_document_fail_the_tenure(item: Answer
 def test_only_document_rejections_are_dead_lettered() -> None:
     dead = run(Scripted(items(400, "mapper_parsing_exception")))
     assert [(d.item.doc_id, d.status) for d in dead] == [("0", 400), ("1", 400), ("2", 400)]
+
+
+def test_an_answer_without_errors_counts_every_item_and_one_with_errors_is_read_per_item() -> None:
+    """``errors: false`` (what the ``filter_path`` asks for) settles the request at once; with
+    ``errors: true`` each item's status decides (a 409 is a conflict, never written)."""
+    observed: list[tuple[int, bool]] = []
+
+    def writer(answer: Answer) -> BulkWriter:
+        limits = BulkLimits(100, 10**6, 1.0, 1, 0.001, 0.002, retry_timeout=0.05)
+        return BulkWriter(
+            Scripted(answer),
+            limits,
+            on_dead=lambda letters: None,
+            observe=lambda items, nbytes, seconds, back: observed.append((items, back)),
+        )
+
+    batch = [BulkItem("index", "i", str(k), 1, b"{}") for k in range(3)]
+
+    def clean(actions: list[dict[str, Any]]) -> tuple[int, Any]:
+        return 200, {"errors": False, "items": [{"index": {"status": 201}} for _ in actions]}
+
+    ok = writer(clean)
+    ok.send(batch, lambda: None, lambda seconds: False)
+    assert (ok.stats.written, ok.stats.conflicts) == (3, 0)
+
+    def one_conflict(actions: list[dict[str, Any]]) -> tuple[int, Any]:
+        answers = [
+            {"index": {"status": 201}},
+            {"index": {"status": 409}},
+            {"index": {"status": 200}},
+        ]
+        return 200, {"errors": True, "items": answers}
+
+    mixed = writer(one_conflict)
+    mixed.send(batch, lambda: None, lambda seconds: False)
+    assert (mixed.stats.written, mixed.stats.conflicts) == (2, 1)
+    assert observed == [(3, False), (3, False)]  # each request told to the batch sizer
+
+
+def test_an_answer_orjson_refuses_is_still_read() -> None:
+    from listeners.elasticsearch.transport import _decode
+
+    assert _decode(b'{"a": [1, 2]}') == {"a": [1, 2]}
+    odd = _decode(b'{"n": NaN, "v": 9223372036854775807}')  # orjson refuses NaN: json reads it
+    assert odd["v"] == 2**63 - 1 and odd["n"] != odd["n"]
+    assert _decode(b"<html>bad gateway</html>")["error"]["type"] == "unparseable_response"
