@@ -6,9 +6,9 @@ One stream batch fills one bulk request, so the batch size is the request size. 
 before. Every bulk request then reports its items, bytes, seconds and whether the sink pushed
 back (HTTP 429, a 5xx, a timeout, or items to retry):
 
-- pushed back, or slower than ``target_bulk_seconds``: the size halves (not below
-  :data:`FLOOR`), at most once per request latency - the requests already in flight were sized
-  before the cut and must not cut it again;
+- pushed back, or slower than ``target_bulk_seconds`` (default 5 s: trouble, not a big
+  request): the size halves (not below :data:`FLOOR`), at most once per request latency - the
+  requests already in flight were sized before the cut and must not cut it again;
 - answered in time and at least half full: the size grows by a twentieth of the ceiling.
 
 And whatever AIMD says, a batch is at most as many events as fit ``bulk_bytes`` at the mean

@@ -108,7 +108,7 @@ class ElasticsearchSync(ChangeStreamListener):
     batch_size: int = 1000
     #: Adapt the batch size (<= ``batch_size``) to the bulk requests' latency and bytes.
     adaptive_batch: bool = True
-    target_bulk_seconds: float = 1.0
+    target_bulk_seconds: float = 5.0
     #: A bulk request goes out at this many items, this many bytes, or this age.
     bulk_actions: int = 1000
     bulk_bytes: int = 5 * 1024 * 1024
