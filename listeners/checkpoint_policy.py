@@ -223,11 +223,14 @@ class CheckpointPolicy:
             start_after=start_after,
             deployment=self._deployment,
         )
-        writing = self._writing
-        if writing is not None and writing.fencing_token == ld.token:
-            if writing.cluster_time >= cp.cluster_time:  # a drain during a routine save
-                logger.debug("checkpoint: listener={} already being saved", self.name)
-                return
+        writing = self._writing  # a drain during a routine save of this position or later
+        if (
+            writing is not None
+            and writing.fencing_token == ld.token
+            and writing.cluster_time >= cp.cluster_time
+        ):
+            logger.debug("checkpoint: listener={} already being saved", self.name)
+            return
         self._ctx.check()
         sent = self._audit.now() if self._audit is not None else 0.0
         self._writing = cp
