@@ -29,6 +29,9 @@ class _Listener:
     def batch_size(self) -> int:
         return next(self._sizes)
 
+    def next_batch_size(self) -> int:  # what the reader asks as each batch starts
+        return next(self._sizes)
+
 
 class _TryNextOnly:
     """The stream with none of the driver's internals showing."""
