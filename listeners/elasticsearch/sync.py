@@ -185,8 +185,7 @@ class ElasticsearchSync(ChangeStreamListener):
         self.transform = resolve_transform(self.transform)
         self._index_name = make_index_name(self.index, str(self.database), str(self.collection))
 
-    # -- resources ------------------------------------------------------------------------------
-    @property
+    @property  # -- resources ------------------------------------------------------------------
     def gc_deletes_seconds(self) -> int:
         """See the module docstring for the formula."""
         return max(60, math.ceil(self.gc_safety_factor * (self.ttl + self.request_timeout)))
@@ -269,6 +268,7 @@ class ElasticsearchSync(ChangeStreamListener):
             stages = fragments.with_split(self.pipeline, self._collection(ctx), ctx.logger)
             self.split_large_events = stages is not None  # detected once per listener
             self.pipeline = stages or self.pipeline
+        self.pipeline = fragments.without_unused(self.pipeline)
 
     def _collection(self, ctx: ListenerContext) -> Any:
         return ctx.client[str(self.database)][str(self.collection)]

@@ -46,3 +46,13 @@ def test_what_needs_a_lookup() -> None:
     assert needs_lookup({"operationType": "update", **key})  # projected away
     assert not needs_lookup({"operationType": "update", "fullDocument": None, **key})
     assert not needs_lookup({"operationType": "delete", **key})
+
+
+def test_the_unused_fields_are_dropped_once_and_before_the_split_stage() -> None:
+    from listeners.elasticsearch.fragments import SPLIT_STAGE, UNUSED_FIELDS, without_unused
+
+    match = {"$match": {"operationType": "insert"}}
+    assert without_unused([match]) == [match, UNUSED_FIELDS]
+    split = without_unused([match, SPLIT_STAGE])
+    assert split == [match, UNUSED_FIELDS, SPLIT_STAGE]  # the split stage must stay last
+    assert without_unused(split) == split
