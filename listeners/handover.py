@@ -27,8 +27,11 @@ the gate then saves what was acknowledged before it, on the worker's thread, as 
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from loguru import logger
 
@@ -66,6 +69,7 @@ class HandoverGate:
         self._lock = threading.Lock()
         self._closed = False
         self._final: Final = lambda _left: None
+        self._worker: int | None = None  # the acting thread, for where_acting()
 
     def _left(self, budget: float | None = None) -> float:
         """Seconds left of the drain's budget (its clock starts at the first call)."""
@@ -89,6 +93,7 @@ class HandoverGate:
         (the worker's, when an act ends in :class:`HandoverInterrupted`)."""
         with self._lock:
             self._final = final
+            self._worker = threading.get_ident()
             try:
                 if self._closed:
                     raise Drained
@@ -118,6 +123,13 @@ class HandoverGate:
         if self._drain.is_set():
             self._finish()
             raise Drained
+
+    def where_acting(self, depth: int = 6) -> str:
+        """Where the worker is now, innermost last (``file:line function``, for the warning
+        of a drain that did not get the gate)."""
+        frame = sys._current_frames().get(self._worker or -1)
+        stack = traceback.extract_stack(frame, limit=depth) if frame is not None else []
+        return " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(stack))
 
     def close(self, timeout: float) -> bool:
         """The drain: wait for the act in hand, then save what the sink acknowledged, all within

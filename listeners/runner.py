@@ -254,10 +254,11 @@ class ListenerRunner:
         if not tenure.gate.close(self.drain_timeout):
             logger.warning(
                 "handing over without the act in hand (over {}s): listener={} token={}; the "
-                "successor replays what it had not acknowledged",
+                "successor replays what it had not acknowledged; the act: {}",
                 self.drain_timeout,
                 self.name,
                 ld.token,
+                tenure.gate.where_acting(),
             )
 
     # -- one tenure (its own thread) ------------------------------------------------------

@@ -339,13 +339,13 @@ class ElasticsearchSync(ChangeStreamListener):
                 pending.clear()
                 window.wait()
                 self._dropped(event, ctx, index, index_name)
-        if pipelined and pending:
+        if pending:
             index.ensure(index_name, ctx)
             window.submit(
                 list(pending.values()), ctx.check, ctx.leadership.wait_lost, ctx.handing_over
             )
-        else:
-            self._send(list(pending.values()), ctx, index_name)
+        if not pipelined:  # what a handover does not wait for, as in flight (HandoverInterrupted)
+            window.wait(stop=ctx.handing_over)
 
     def _send(self, items: list[BulkItem], ctx: ListenerContext, name: str) -> None:
         if items:

@@ -130,3 +130,18 @@ FORBIDDEN = (
     + f"Content-Length: {len(_FORBIDDEN_BODY)}\r\nConnection: close\r\n\r\n".encode()
     + _FORBIDDEN_BODY
 )
+
+
+class BulkHoldingProxy(BulkRejectingProxy):
+    """Holds every bulk request until :attr:`release` is set (counting them in :attr:`held`),
+    then forwards it whole; every other request passes at once."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream, reject_ratio=0.0)
+        self.release = threading.Event()
+        self.held = threading.Semaphore(0)
+
+    def bulk(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        self.held.release()
+        self.release.wait(60)
+        return self.forward("POST", path, body, headers)

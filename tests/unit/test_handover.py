@@ -65,6 +65,9 @@ def test_a_drain_waits_for_the_act_in_hand_at_most_its_bound() -> None:
     assert acting.wait(10)
     drain.set()
     assert gate.close(timeout=0.01) is False  # the act outlasts the bound
+    where = gate.where_acting()  # what the warning names: the act, innermost first
+    assert where.startswith("threading.py:"), where  # blocked in Event.wait
+    assert any(f.startswith("test_handover.py:") and f.endswith(" run") for f in where.split(" < "))
     finish.set()
     t.join(10)
     # The late act's own save is tried once and refused (the tenure was demoted): not drained.

@@ -1,0 +1,60 @@
+"""A batch that waits on Elasticsearch stops as soon as a planned handover begins, whether its
+requests were pipelined or sent one batch at a time: ``handle_batch`` raises
+``HandoverInterrupted`` while the sink still holds the request (the successor replays it)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pymongo
+import pytest
+
+from listeners.base import ListenerContext
+from listeners.elasticsearch import ElasticsearchSync
+from listeners.handover import HandoverInterrupted
+from singleton.mongo import cluster_time
+from tests.integration import es_support
+from tests.integration.es_proxy import BulkHoldingProxy
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_batch_waiting_on_the_sink_stops_when_a_handover_begins(
+    pipelined: bool, client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
+) -> None:
+    coll, db = docs, docs.database.name
+    start = cluster_time(client)
+    coll.insert_many([{"_id": i, "n": i} for i in range(30)])
+    batch = next(es_support.events_until_marker(coll, start, batch_size=30, timeout=30))
+    with BulkHoldingProxy(es_url) as proxy:
+        # a full window: the batch waits for room (pipelined) or for its answer (not)
+        listener = ElasticsearchSync(
+            database=db, collection="docs", es=proxy.url, concurrency=1, bulk_actions=10
+        )
+        base = es_support.Tenures(listener.lease_name).next(client)
+        draining = threading.Event()
+        ctx = ListenerContext(
+            base.leadership, client, base.logger, base.listener_name, draining=draining
+        )
+        listener.on_start(ctx)
+        if pipelined:
+            listener.acknowledged(batch[0]["_id"], batch[:1])  # the runner's protocol: armed
+        raised: list[BaseException] = []
+
+        def handle() -> None:
+            try:
+                listener.handle_batch(batch, ctx)
+            except BaseException as exc:
+                raised.append(exc)
+
+        worker = threading.Thread(target=handle)
+        worker.start()
+        assert proxy.held.acquire(timeout=30)  # a bulk request is in the sink's hands
+        draining.set()
+        worker.join(30)
+        try:
+            assert not worker.is_alive() and [type(e) for e in raised] == [HandoverInterrupted]
+            assert not proxy.release.is_set()  # ended while the request was still held
+        finally:
+            proxy.release.set()
+            listener.close()
