@@ -148,6 +148,11 @@ class MemoryLeaseBackend(LeaseBackend):
     ) -> bool:
         return self._notifier.wait(name, timeout, wake)
 
+    def has_waiters(self, name: str) -> bool:
+        """Whether a candidate waits for ``name``'s release now (a release before it waits is
+        not seen: that costs it latency, never safety, as with every backend)."""
+        return self._notifier.has_waiters(name)
+
     def remember(self, name: str, facts: Mapping[str, str | int]) -> None:
         fields = validate_facts(name, facts)
         with self._lock:

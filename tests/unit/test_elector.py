@@ -74,6 +74,10 @@ def test_lead_blocks_until_elected_and_releases_on_exit() -> None:
         first = ld.token
         waiting = Elector(b, "job", identity="second", ttl=2.0, retry_interval=5.0)
         waiting.start()
+        deadline = time.monotonic() + 5  # until it waits (a release before that is not seen)
+        while not b.has_waiters("job") and time.monotonic() < deadline:
+            threading.Event().wait(0.005)
+        assert b.has_waiters("job")
     # The release notification wakes the waiting candidate long before its 5 s retry.
     got = threading.Event()
     waiting.subscribe(on_elected=lambda _ld: got.set())
