@@ -91,12 +91,12 @@ class CheckpointPolicy:
         # Handled but not yet saved: (position after the batch, its last event's cluster time).
         self._pending: tuple[Any, Timestamp | None] | None = None
         self._last_save = clock.monotonic()
+        #: The checkpoint whose write is in flight (a drain does not write an older one).
+        self._writing: Checkpoint | None = None
         #: Around a routine save on the worker's thread (under load, or idle): the tenure makes
         #: it an opening of its handover gate, so a drain does not wait for a slow store - it
         #: saves the same position itself, and the worker's write, fenced, is the successor's
         #: to refuse or harmless.
-        #: The checkpoint whose write is in flight (a drain does not write an older one).
-        self._writing: Checkpoint | None = None
         self.routine: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
 
     @property

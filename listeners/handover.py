@@ -125,7 +125,7 @@ class HandoverGate:
             raise Drained
 
     def where_acting(self, depth: int = 6) -> str:
-        """Where the worker is now, innermost last (``file:line function``, for the warning
+        """Where the worker is now, innermost first (``file:line function``, for the warning
         of a drain that did not get the gate)."""
         frame = sys._current_frames().get(self._worker or -1)
         stack = traceback.extract_stack(frame, limit=depth) if frame is not None else []

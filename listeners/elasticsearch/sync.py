@@ -344,7 +344,7 @@ class ElasticsearchSync(ChangeStreamListener):
             window.submit(
                 list(pending.values()), ctx.check, ctx.leadership.wait_lost, ctx.handing_over
             )
-        if not pipelined:  # what a handover does not wait for, as in flight (HandoverInterrupted)
+        if not pipelined:  # one batch at a time, but a handover stops the wait (as in flight)
             window.wait(stop=ctx.handing_over)
 
     def _send(self, items: list[BulkItem], ctx: ListenerContext, name: str) -> None:

@@ -106,7 +106,7 @@ def _decode(data: Any) -> Any:
     except ValueError:
         pass
     try:
-        return json.loads(data)  # what orjson refuses but json reads (NaN, huge integers)
+        return json.loads(data)  # what orjson refuses but json reads (NaN, Infinity)
     except ValueError:
         return {"error": {"type": "unparseable_response", "reason": data[:200].decode("latin-1")}}
 
