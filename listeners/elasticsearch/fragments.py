@@ -24,6 +24,7 @@ from typing import Any
 from pymongo.errors import OperationFailure
 
 from listeners.base import ChangeEvent
+from listeners.large_events import reduced_pipeline
 
 SPLIT_STAGE: dict[str, Any] = {"$changeStreamSplitLargeEvent": {}}
 #: Operation types whose index action needs the document.
@@ -60,10 +61,7 @@ UNUSED_FIELDS = {"$project": {"wallTime": 0, "updateDescription": 0}}
 def without_unused(pipeline: Sequence[Any]) -> list[Any]:
     """``pipeline`` with :data:`UNUSED_FIELDS` (once, before the split stage)."""
     stages = list(pipeline)
-    if UNUSED_FIELDS in stages:
-        return stages
-    at = next((i for i, st in enumerate(stages) if st == SPLIT_STAGE), len(stages))
-    return [*stages[:at], UNUSED_FIELDS, *stages[at:]]
+    return stages if UNUSED_FIELDS in stages else reduced_pipeline(stages, UNUSED_FIELDS)
 
 
 def join(events: Sequence[ChangeEvent]) -> list[ChangeEvent]:
