@@ -84,6 +84,10 @@ class RunnerStatus:
     #: Seconds the last batch took to deliver, retries included, and all of them as a histogram.
     last_batch_seconds: float | None = None
     batch_latency: LatencySnapshot = field(default_factory=LatencySnapshot)
+    #: The batch size the stream reader last asked for (``next_batch_size()``, as each batch
+    #: starts: ElasticsearchSync adapts it). ``None`` before this tenure's first batch, and
+    #: between tenures.
+    batch_size: int | None = None
     history_lost: int = 0
     reconnects: int = 0
     last_error: str | None = None
@@ -181,6 +185,10 @@ class StatusBoard:
         self._lock = threading.Lock()
         self._value = RunnerStatus(listener)
         self._batch_latency = Latencies()
+        #: ``RunnerStatus.batch_size``, written by the stream reader as each batch starts: a
+        #: plain attribute (one reference store, no lock on the hot path), copied into each
+        #: snapshot.
+        self.batch_size: int | None = None
 
     def set(self, **fields: Any) -> None:
         with self._lock:
@@ -237,4 +245,4 @@ class StatusBoard:
     def snapshot(self, **live: Any) -> RunnerStatus:
         """The current value, with ``live`` fields (``leader``, ``standby``) filled in."""
         with self._lock:
-            return dataclasses.replace(self._value, **live)
+            return dataclasses.replace(self._value, batch_size=self.batch_size, **live)

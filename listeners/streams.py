@@ -23,6 +23,7 @@ from singleton.clock import Clock
 
 if TYPE_CHECKING:
     from listeners.base import ChangeEvent, ChangeStreamListener
+    from listeners.status import StatusBoard
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ class StreamReader:
     do I/O (the caller's timeout, so a hung server cannot outlast the renew deadline).
 
     The listener's ``next_batch_size()`` is asked as each batch starts (it may change between
-    batches).
+    batches); the answer goes to ``board.batch_size`` (the status and ``/metrics`` show it).
     Events the driver decoded already (the rest of a ``getMore``'s batch) are taken straight
     from its buffer, all but the last, without a ``try_next`` each (pymongo 4 internals, looked
     up on every read: without them every event goes through ``try_next``, only slower). The
@@ -151,8 +152,10 @@ class StreamReader:
         *,
         clock: Clock,
         bounded: Callable[[], contextlib.AbstractContextManager[None]],
+        board: StatusBoard | None = None,
     ) -> None:
         self._stream = stream
+        self._board = board
         self._listener = listener
         self._partition = listener.partition
         self._batch_size = 0  # read as each batch, or run of others' events, starts
@@ -234,7 +237,9 @@ class StreamReader:
         batch = self._batch
         if not batch:
             self._first_at = now
-            self._batch_size = self._listener.next_batch_size()
+            self._batch_size = size = self._listener.next_batch_size()
+            if self._board is not None:
+                self._board.batch_size = size
         batch.append(event)
         if len(batch) >= self._batch_size or now - self._first_at >= self._max_wait:
             return Step("full", self.resume_token, self.in_hand())

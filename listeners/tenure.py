@@ -140,6 +140,7 @@ class TenureWorker:
             self._s.listener.on_stop(self.ctx, stop)
         except Exception:
             logger.exception("on_stop failed: listener={}", self.name)
+        self._board.batch_size = None  # no reader asks until the next tenure streams
         if self._board.state != "failed":
             self._board.set(state="follower")
         logger.info("listener stopped ({}): listener={} token={}", stop, self.name, ld.token)
@@ -201,7 +202,11 @@ class TenureWorker:
             )
         with opened as stream:
             reader = StreamReader(
-                stream, self._s.listener, clock=self._s.clock, bounded=self._reading
+                stream,
+                self._s.listener,
+                clock=self._s.clock,
+                bounded=self._reading,
+                board=self._board,
             )
             self._board.set(state="streaming")
             self._policy.opened(reader.resume_token, fresh)

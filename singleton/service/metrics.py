@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 #: Status attributes exported as metrics, keyed by the label naming their subject (a listener's
 #: ``lease``: RunnerStatus; a ``job``: JobStatus) and the attribute: (metric name, help, counter?).
 #: Counters are produced from the start; the gauges once their value exists (after a first batch,
-#: for the checkpoint age after a first checkpoint too, for lateness once a call ran). Declare
-#: nothing that has no source.
+#: for the checkpoint age after a first checkpoint too, for lateness once a call ran; the batch
+#: size while a tenure streams). Declare nothing that has no source.
 _COUNTER, _GAUGE = True, False
 STATUS_METRICS = {
     ("lease", "events_handled"): (
@@ -53,6 +53,12 @@ STATUS_METRICS = {
     ("lease", "checkpoint_age_seconds"): (
         "singleton_checkpoint_age_seconds",
         "Cluster-time seconds between the last checkpoint and the newest event seen",
+        _GAUGE,
+    ),
+    ("lease", "batch_size"): (
+        "singleton_batch_size",
+        "Events the stream reader asked for as the latest batch started (next_batch_size(); "
+        "ElasticsearchSync adapts it to the sink), while this replica streams",
         _GAUGE,
     ),
     ("lease", "listener_failed"): (

@@ -47,6 +47,8 @@ def test_status_feeds_every_declared_metric(mongo_url: str, unique: str) -> None
     assert samples["singleton_batch_latency_seconds_count"] >= 1  # a histogram of every batch
     assert samples["singleton_lag_seconds"] >= 0
     assert status.last_batch_seconds is not None and status.last_batch_seconds >= 0
+    assert status.batch_size == samples["singleton_batch_size"] == listener.batch_size
+    assert runner.status().batch_size is None  # the tenure ended: no reader asks
     assert status.leader and status.fencing_token is not None
     assert status.ready and status.listener_failed == 0 and status.failure is None
 
@@ -62,7 +64,7 @@ def test_as_dict_is_json_with_the_status_keys(mongo_url: str, unique: str) -> No
     keys = (
         "listener state leader fencing_token last_checkpoint_cluster_time last_checkpoint_at "
         "events_handled batches dead_lettered history_lost reconnects last_error standby "
-        "last_outcome checkpoint_age_seconds ready failure failed_tenures"
+        "last_outcome checkpoint_age_seconds ready failure failed_tenures batch_size"
     )
     for key in keys.split():
         assert key in body, key

@@ -5,6 +5,7 @@ replica serves."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import urllib.request
@@ -35,6 +36,7 @@ def _replica(listener: Any = None, **counters: int) -> Any:
         last_checkpoint_cluster_time=Timestamp(1_700_000_000, 1),
         last_seen_cluster_time=Timestamp(1_700_000_010, 1),
         last_batch_seconds=0.05,
+        batch_size=250,
         **counters,
     )
     elector = SimpleNamespace(leadership=SimpleNamespace(token=7), stats=ElectorStats())
@@ -73,6 +75,38 @@ def test_the_dashboard_and_the_alerts_read_only_served_metrics() -> None:
     exprs.append((ROOT / "deploy" / "alerts.yml").read_text())
     wanted = {name for expr in exprs for name in re.findall(r"singleton_[a-z_]+", expr)}
     assert wanted and wanted <= served, sorted(wanted - served)
+
+
+def test_the_batch_size_is_served_while_known() -> None:
+    """``singleton_batch_size`` is the runner status' ``batch_size`` (what the stream reader
+    last asked ``next_batch_size()`` for), labelled like the other per-lease gauges; between
+    tenures (``None``) the family is declared with no sample."""
+    _, body = _scrape("text/plain")
+    assert re.search(r'^singleton_batch_size\{lease="orders"\} 250\.0$', body, re.MULTILINE), body
+    follower = _replica()
+    status = dataclasses.replace(follower.hosted[0].runner.status(), leader=False, batch_size=None)
+    follower.hosted[0].runner.status = lambda: status
+    _, body = _scrape("text/plain", follower)
+    assert "# TYPE singleton_batch_size gauge" in body
+    assert "singleton_batch_size{" not in body
+
+
+def test_the_status_json_has_the_batch_size() -> None:
+    """``/status`` (``Replica.status()``) serves it under the listener's runner entry."""
+    from singleton.service.replica import Replica
+
+    replica = _replica()
+    replica.identity = "r1"
+    replica.hosted[0].elector.leadership.remaining = lambda: 9.5
+    replica.status = lambda: Replica.status(replica)
+    server = MetricsServer(replica, "127.0.0.1:0").start()
+    try:
+        with urllib.request.urlopen(f"{server.url}/status", timeout=5) as reply:
+            body = json.loads(reply.read())
+    finally:
+        server.stop()
+    (entry,) = body["listeners"]
+    assert entry["name"] == "orders" and entry["runner"]["batch_size"] == 250
 
 
 def test_sink_errors_are_served_by_kind() -> None:

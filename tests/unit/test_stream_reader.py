@@ -1,6 +1,7 @@
 """StreamReader asks the listener's batch size as each batch starts (it may change between
-batches), for a partition's runs of others' events too, and events taken from the driver's
-buffer carry the resume token ``try_next`` would give them."""
+batches) and posts it to the status board, reads it for a partition's runs of others' events
+too, and events taken from the driver's buffer carry the resume token ``try_next`` would give
+them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections import deque
 from typing import Any
 
 from listeners.partition import Partition, partition_of
+from listeners.status import StatusBoard
 from listeners.streams import Step, StreamReader
 from singleton.testing import FakeClock
 
@@ -71,15 +73,20 @@ class _Buffered(_Plain):
         return event
 
 
-def _steps(stream: Any, listener: Any) -> list[Step]:
+def _steps(
+    stream: Any, listener: Any, board: StatusBoard | None = None, posted: list[Any] | None = None
+) -> list[Step]:
+    """Read ``stream`` until it caught up; ``posted`` gets ``board.batch_size`` after each step."""
     reader = StreamReader(
-        stream, listener, clock=FakeClock(), bounded=lambda: contextlib.nullcontext()
+        stream, listener, clock=FakeClock(), bounded=lambda: contextlib.nullcontext(), board=board
     )
     steps: list[Step] = []
     while True:  # until the stream caught up with nothing left in hand
         step = reader.read()
         if step is not None:
             steps.append(step)
+            if board is not None and posted is not None:
+                posted.append(board.batch_size)
             if step.kind == "idle" and not step.batch and not stream._events:
                 return steps
 
@@ -95,6 +102,21 @@ def test_the_batch_size_is_read_as_each_batch_starts() -> None:
         ("idle", 0),
     ]
     assert listener.reads == 4  # once per batch, not once per event
+
+
+def test_the_batch_size_asked_for_is_posted_to_the_status_board() -> None:
+    """Each batch's ``next_batch_size()`` answer is the board's ``batch_size`` (the status
+    field, the ``/status`` key and the gauge), posted as the batch starts."""
+    board = StatusBoard("orders")
+    assert board.snapshot().batch_size is None  # nothing asked yet
+    posted: list[Any] = []
+    steps = _steps(_Plain(list(range(7))), _Listener([2, 3, 1, 5]), board, posted)
+    assert [len(s.batch) for s in steps] == [2, 3, 1, 1, 0]
+    # the last two steps: the fourth batch (asked for 5) delivered as the stream caught up,
+    # then an empty read, which starts no batch and asks nothing
+    assert posted == [2, 3, 1, 5, 5]
+    assert board.snapshot().batch_size == 5
+    assert board.snapshot().as_dict()["batch_size"] == 5
 
 
 def test_events_taken_from_the_buffer_carry_the_token_try_next_gives() -> None:
