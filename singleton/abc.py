@@ -8,6 +8,7 @@ their own monotonic clock with a safety margin (see :class:`singleton.Elector`).
 
 from __future__ import annotations
 
+import inspect
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -184,15 +185,33 @@ class LeaseBackend(ABC):
 
     @abstractmethod
     def wait_for_release(
-        self, name: str, timeout: float, wake: threading.Event | None = None
+        self,
+        name: str,
+        timeout: float,
+        wake: threading.Event | None = None,
+        *,
+        since: int | None = None,
     ) -> bool:
         """Block until ``name`` is released, ``timeout`` passes, or ``wake`` is set.
 
         Returns ``True`` if a release was observed. Backends with notifications wake within
         milliseconds of a release; others may poll at most every ``timeout``. ``wake`` lets the
         caller interrupt the wait (for example on ``stop()``); it is set, never cleared, by the
-        backend.
+        backend. ``since``, a :meth:`release_mark` of ``name``, makes the wait return ``True``
+        at once if a release was observed after that mark was read, so a release that came
+        before the wait began is not missed. Ignoring ``since`` is correct, only slower; a
+        backend that overrides :meth:`release_mark` must accept it.
         """
+
+    def release_mark(self, name: str) -> int:
+        """A counter of the releases of ``name`` this backend has observed, to pass as
+        ``since`` to a later :meth:`wait_for_release`. Cheap and local: no I/O, never raises.
+
+        Read it *before* a :meth:`contend` round trip: a release the server applies after that
+        contend is observed after the read. The default, for backends without notifications,
+        is ``0``, a mark that never moves: their waits behave as without ``since``.
+        """
+        return 0
 
     @abstractmethod
     def remember(self, name: str, facts: Mapping[str, str | int]) -> None:
@@ -263,6 +282,16 @@ class LeaseBackend(ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def takes_since(backend: LeaseBackend) -> bool:
+    """Whether ``backend.wait_for_release`` accepts ``since``: backends written before it was
+    added do not, and are called without it."""
+    try:
+        params = inspect.signature(backend.wait_for_release).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a C callable, a strange wrapper)
+        return False
+    return any(p.name == "since" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def validate_lease_args(name: str, holder: str | None = None, ttl: float | None = None) -> None:

@@ -37,6 +37,13 @@ class BeforeRelease(Protocol):
     def __call__(self, leadership: Leadership, /) -> None: ...
 
 
+class RunBounded(Protocol):
+    """The driver's bound on ``before_release``: run ``work`` for at most ``timeout`` seconds;
+    return whether it finished in time."""
+
+    def __call__(self, work: Callable[[], None], timeout: float, /) -> bool: ...
+
+
 class OnReleased(Protocol):
     """The ended tenure's lease was given back (``released``: the store confirmed it), or the
     call failed and the lease will expire (``released`` False)."""

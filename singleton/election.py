@@ -27,25 +27,18 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import Callable
-from typing import Protocol
 
 from loguru import logger
 
 from singleton.abc import HOLDER_SEPARATOR, Lease, LeaseBackend, LeaseState, identity_of
 from singleton.balance_view import Gate
-from singleton.callbacks import Callbacks
+from singleton.callbacks import Callbacks, RunBounded
 from singleton.clock import Clock
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.health import ElectorStats, StoreHealth
 from singleton.leadership import Leadership
 from singleton.retry import Backoff
 from singleton.timings import LeaseTimings
-
-
-class RunBounded(Protocol):
-    """Run ``work`` for at most ``timeout`` seconds; return whether it finished in time."""
-
-    def __call__(self, work: Callable[[], None], timeout: float, /) -> bool: ...
 
 
 class Election:
@@ -92,6 +85,9 @@ class Election:
         self._tenure_end: float | None = None
         self._cooldown_until = 0.0
         self._rotate = False
+        #: After a step whose contend found the lease held: the backend's release mark read
+        #: before that contend, for the driver's wait (``wait_for_release(since=...)``).
+        self.release_mark: int | None = None
 
     # -- what a driver reads ----------------------------------------------------------------
     @property
@@ -126,6 +122,7 @@ class Election:
     def tick(self) -> float:
         """Take the step that is due; return the seconds until the next one."""
         self.check_deadline()
+        self.release_mark = None
         ld = self._leadership
         return self._contend() if ld is None else self._lead(ld)
 
@@ -217,6 +214,9 @@ class Election:
                 self._gate.done(self.name)
 
     def _attempt(self) -> float:
+        # Read before the round trip: a release applied after the server refused us is
+        # observed after this read, so the wait that follows returns even if it came first.
+        mark = self.backend.release_mark(self.name)
         sent = self._clock.monotonic()
         try:
             result = self.backend.contend(self.name, self._holder, self.timings.ttl)
@@ -242,6 +242,7 @@ class Election:
         self._observe(result.holder if isinstance(result, LeaseState) else None)
         if result is None:  # held a moment ago, free now: try again at once
             return 0.0
+        self.release_mark = mark
         return self._backoff.jittered(self.timings.retry_interval)
 
     def _lead(self, ld: Leadership) -> float:

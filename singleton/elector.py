@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from singleton.abc import HOLDER_SEPARATOR, LeaseBackend
+from singleton.abc import HOLDER_SEPARATOR, LeaseBackend, takes_since
 from singleton.balance_view import Gate
 from singleton.callbacks import (
     BeforeRelease,
@@ -154,6 +154,7 @@ class Elector:
         self._threads: list[threading.Thread] = []
         self._started = False
         self._gate = gate
+        self._takes_since = takes_since(backend)  # backends older than release marks do not
         self._election = self._new_election(t, jitter, seed, fenced=not unsafe_disable_fencing)
 
     # -- public API -----------------------------------------------------------------------
@@ -313,8 +314,12 @@ class Elector:
         if not self._election.idle():
             self._wake.wait(delay)
             return
+        since = self._election.release_mark if self._takes_since else None
         try:
-            self.backend.wait_for_release(self.name, delay, wake=self._wake)
+            if since is None:
+                self.backend.wait_for_release(self.name, delay, wake=self._wake)
+            else:
+                self.backend.wait_for_release(self.name, delay, wake=self._wake, since=since)
         except SingletonError as exc:
             logger.debug("wait_for_release failed: lease={}: {}", self.name, exc)
             self._wake.wait(delay)

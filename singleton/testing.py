@@ -144,13 +144,21 @@ class MemoryLeaseBackend(LeaseBackend):
             return self._state(name)
 
     def wait_for_release(
-        self, name: str, timeout: float, wake: threading.Event | None = None
+        self,
+        name: str,
+        timeout: float,
+        wake: threading.Event | None = None,
+        *,
+        since: int | None = None,
     ) -> bool:
-        return self._notifier.wait(name, timeout, wake)
+        return self._notifier.wait(name, timeout, wake, since)
+
+    def release_mark(self, name: str) -> int:
+        return self._notifier.mark(name)
 
     def has_waiters(self, name: str) -> bool:
         """Whether a candidate waits for ``name``'s release now (a release before it waits is
-        not seen: that costs it latency, never safety, as with every backend)."""
+        seen only by a wait given a :meth:`release_mark` read before that release)."""
         return self._notifier.has_waiters(name)
 
     def remember(self, name: str, facts: Mapping[str, str | int]) -> None:

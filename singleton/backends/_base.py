@@ -28,7 +28,15 @@ class ServerLeaseBackend(LeaseBackend):
         return result if isinstance(result, Lease) else None
 
     def wait_for_release(
-        self, name: str, timeout: float, wake: threading.Event | None = None
+        self,
+        name: str,
+        timeout: float,
+        wake: threading.Event | None = None,
+        *,
+        since: int | None = None,
     ) -> bool:
         validate_lease_args(name)
-        return self._feed.wait(name, timeout, wake)
+        return self._feed.wait(name, timeout, wake, since)
+
+    def release_mark(self, name: str) -> int:
+        return self._feed.mark(name)

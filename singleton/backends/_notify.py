@@ -4,6 +4,14 @@ Failure model: a feed (a Redis pub/sub subscription, a MongoDB change stream) on
 :meth:`~singleton.abc.LeaseBackend.wait_for_release`. While it is down, waiters run to their
 timeout and their caller contends again, so a lost notification costs latency, never safety. The
 feed's thread reopens it with :class:`~singleton.retry.Backoff` delays until the backend closes.
+
+A release can also come before its waiter registers: between a candidate's failed contend and
+its wait. So every notification moves a per-name counter, the *release mark*; a candidate reads
+the mark before it sends its contend and waits ``since`` it, and a wait whose mark has already
+moved returns at once. That is enough: a release the server applies after the failed contend is
+notified after the contend was sent, so after the mark was read; one applied before it can only
+cost a spurious wake (one more contend). What remains is the feed being down, or not yet open
+for the first wait (a mark read before it listens cannot move for a release it did not see).
 """
 
 from __future__ import annotations
@@ -31,14 +39,17 @@ class _Waiter:
 
 
 class ReleaseNotifier:
-    """Waiters register an event per lease name; :meth:`notify` sets them all."""
+    """Waiters register an event per lease name; :meth:`notify` sets them all and moves the
+    name's :meth:`mark` (one int per name ever notified: lease names are few)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiters: dict[str, set[_Waiter]] = {}
+        self._marks: dict[str, int] = {}
 
     def notify(self, name: str) -> None:
         with self._lock:
+            self._marks[name] = self._marks.get(name, 0) + 1
             waiters = list(self._waiters.get(name, ()))
         for waiter in waiters:
             waiter.fired = True
@@ -50,9 +61,24 @@ class ReleaseNotifier:
                 return any(self._waiters.values())
             return bool(self._waiters.get(name))
 
-    def wait(self, name: str, timeout: float, wake: threading.Event | None = None) -> bool:
-        waiter = _Waiter(wake if wake is not None else threading.Event())
+    def mark(self, name: str) -> int:
+        """How many releases of ``name`` were notified so far."""
         with self._lock:
+            return self._marks.get(name, 0)
+
+    def wait(
+        self,
+        name: str,
+        timeout: float,
+        wake: threading.Event | None = None,
+        since: int | None = None,
+    ) -> bool:
+        """Until :meth:`notify` (``True``), ``timeout`` or ``wake``; ``True`` at once if the
+        :meth:`mark` of ``name`` moved past ``since`` already."""
+        waiter = _Waiter(wake if wake is not None else threading.Event())
+        with self._lock:  # the check and the registration in one step: no notify between them
+            if since is not None and self._marks.get(name, 0) > since:
+                return True
             self._waiters.setdefault(name, set()).add(waiter)
         try:
             waiter.event.wait(max(0.0, timeout))
@@ -100,13 +126,25 @@ class ReleaseFeed:
     def notify(self, name: str) -> None:
         self._notifier.notify(name)
 
+    def mark(self, name: str) -> int:
+        """:meth:`~singleton.abc.LeaseBackend.release_mark` on this feed (without starting it)."""
+        return self._notifier.mark(name)
+
     def opened(self) -> None:
         self._tried.set()
         self._backoff.reset()
         logger.debug("listening: {}", self._what)
 
-    def wait(self, name: str, timeout: float, wake: threading.Event | None = None) -> bool:
+    def wait(
+        self,
+        name: str,
+        timeout: float,
+        wake: threading.Event | None = None,
+        since: int | None = None,
+    ) -> bool:
         """:meth:`~singleton.abc.LeaseBackend.wait_for_release` on this feed."""
+        if since is not None and self._notifier.mark(name) > since:
+            return True
         self._start()
         # Until the first open attempt has ended, a release could pass unseen: wait for it
         # (within the timeout). Later waiters never wait for a reopening: while the feed is
@@ -115,7 +153,7 @@ class ReleaseFeed:
             timeout -= self._wait_first_open(min(timeout, self._open_timeout), wake)
         if wake is not None and wake.is_set():
             return False
-        return self._notifier.wait(name, timeout, wake)
+        return self._notifier.wait(name, timeout, wake, since)
 
     def close(self, join_timeout: float) -> None:
         self.closed.set()

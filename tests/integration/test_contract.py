@@ -193,6 +193,21 @@ def test_wait_for_release_returns_early_on_wake(backend: LeaseBackend) -> None:
     assert wake.is_set()
 
 
+def test_a_release_after_the_mark_ends_a_later_wait_at_once(backend: LeaseBackend) -> None:
+    """The race a candidate runs: mark, contend refused, the holder releases, then the wait."""
+    assert backend.wait_for_release("job", timeout=0.2) is False  # a feed starts and listens
+    lease = acquire(backend, "job", "a/1")
+    mark = backend.release_mark("job")
+    assert backend.try_acquire("job", "b/1", TTL) is None
+    assert backend.release(lease)
+    wait_until(lambda: backend.release_mark("job") > mark, timeout=10, what="release counted")
+    started = time.monotonic()
+    assert backend.wait_for_release("job", timeout=60, since=mark) is True
+    assert time.monotonic() - started < 5
+    # No check that a mark read now stays put: MongoDB's backend counts a release of its own
+    # twice (at once, then from its change stream), a spurious wake the contract allows.
+
+
 def test_inspect(backend: LeaseBackend) -> None:
     assert backend.inspect("job") is None
     lease = acquire(backend, "job", "a/1")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from singleton import ConfigurationError, Elector, Leadership
-from singleton.abc import Lease
+from singleton.abc import Lease, LeaseState, takes_since
 from singleton.testing import MemoryLeaseBackend
 from tests.unit.election_support import assert_leads
 
@@ -74,7 +74,7 @@ def test_lead_blocks_until_elected_and_releases_on_exit() -> None:
         first = ld.token
         waiting = Elector(b, "job", identity="second", ttl=2.0, retry_interval=5.0)
         waiting.start()
-        deadline = time.monotonic() + 5  # until it waits (a release before that is not seen)
+        deadline = time.monotonic() + 5  # until it waits: this test is about the notification
         while not b.has_waiters("job") and time.monotonic() < deadline:
             threading.Event().wait(0.005)
         assert b.has_waiters("job")
@@ -166,3 +166,67 @@ def test_resign_from_the_worker_thread_hands_over_at_once_then_cools_down() -> N
     finally:
         other.stop()
         a.stop()
+
+
+class ReleasedAfterAFailedContend(MemoryLeaseBackend):
+    """The holder's lease, released right after a candidate's contend was refused: after the
+    candidate read its release mark and before it waits for a release."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: Lease | None = None
+        self.released = threading.Event()
+
+    def contend(self, name: str, holder: str, ttl: float) -> Lease | LeaseState | None:
+        result = super().contend(name, holder, ttl)
+        if isinstance(result, LeaseState) and self.held is not None and not self.released.is_set():
+            assert self.release(self.held)
+            self.released.set()
+        return result
+
+
+def test_a_release_between_a_failed_contend_and_the_wait_is_not_missed() -> None:
+    b = ReleasedAfterAFailedContend()
+    b.held = b.try_acquire("job", "holder/1", 60)
+    assert b.held is not None
+    elected = threading.Event()
+    # A 30 s retry: elected within 10 s only if the wait saw the release it began after.
+    e = Elector(b, "job", identity="b", ttl=60.0, retry_interval=30.0, jitter=0.0)
+    e.subscribe(on_elected=lambda _ld: elected.set())
+    e.start()
+    try:
+        assert elected.wait(10), "the candidate missed the release and waited its retry"
+        assert b.released.is_set()
+        assert assert_leads(e).token > b.held.token
+    finally:
+        e.stop()
+
+
+def test_a_backend_whose_wait_takes_no_since_still_works() -> None:
+    """A backend written before release marks: called without ``since``, woken as before."""
+    waits: list[float] = []
+
+    class Legacy(MemoryLeaseBackend):
+        def wait_for_release(  # type: ignore[override]
+            self, name: str, timeout: float, wake: threading.Event | None = None
+        ) -> bool:
+            waits.append(timeout)
+            return super().wait_for_release(name, timeout, wake)
+
+    b = Legacy()
+    assert not takes_since(b) and takes_since(MemoryLeaseBackend())
+    held = b.try_acquire("job", "holder/1", 60)
+    assert held is not None
+    elected = threading.Event()
+    e = Elector(b, "job", identity="b", ttl=60.0, retry_interval=30.0, jitter=0.0)
+    e.subscribe(on_elected=lambda _ld: elected.set())
+    e.start()
+    try:
+        deadline = time.monotonic() + 10  # until it waits: a legacy wait sees only later releases
+        while not b.has_waiters("job") and time.monotonic() < deadline:
+            threading.Event().wait(0.005)
+        assert b.release(held)
+        assert elected.wait(10), "the legacy wait was not woken by the release"
+        assert waits and e.last_error is None
+    finally:
+        e.stop()
