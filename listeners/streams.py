@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import bson
 from bson.timestamp import Timestamp
 
 from listeners.checkpoint import Checkpoint, ResumeToken
 from singleton.clock import Clock
+from singleton.mongo import token_time as token_time  # (where it lived before)
 
 if TYPE_CHECKING:
     from listeners.base import ChangeEvent, ChangeStreamListener
@@ -54,25 +54,6 @@ class StartPosition:
         if self.at_time is not None:
             return {"start_at_operation_time": self.at_time}
         return {}
-
-
-def token_time(token: ResumeToken | None) -> Timestamp | None:
-    """The cluster time inside a resume token, when its format is known: SecantusDB's BSON
-    document (field ``t``) or mongod's keystring (``0x82`` then the 8-byte timestamp)."""
-    if not isinstance(token, Mapping) or not isinstance(token.get("_data"), str):
-        return None
-    try:
-        raw = bytes.fromhex(token["_data"])
-    except ValueError:
-        return None
-    try:
-        t = bson.decode(raw).get("t")
-        return t if isinstance(t, Timestamp) else None
-    except Exception:  # not BSON: try the keystring layout
-        pass
-    if len(raw) >= 9 and raw[0] == 0x82:
-        return Timestamp(int.from_bytes(raw[1:5], "big"), int.from_bytes(raw[5:9], "big"))
-    return None
 
 
 def oplog_bounds(client: Any) -> tuple[Timestamp, Timestamp] | None:

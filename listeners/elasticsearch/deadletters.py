@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from listeners.elasticsearch.bulk import BulkItem, DeadLetter
 from listeners.elasticsearch.ids import bson_id_of
 from singleton.errors import SinkError
+from singleton.mongo import token_time
 
 if TYPE_CHECKING:
     from listeners.base import DeadLetterSink, ListenerContext
@@ -48,7 +49,7 @@ def letter_record(letter: DeadLetter) -> dict[str, Any]:
     return record | {
         "operationType": item.origin.get("op", item.op),
         "documentKey": {"_id": _bson_key(item)},
-        "clusterTime": item.origin.get("cluster_time"),
+        "clusterTime": token_time(item.origin.get("token")),
         "resumeToken": item.origin.get("token"),
         "sink": "elasticsearch",
         "action": item.op,

@@ -11,14 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from bson.timestamp import Timestamp
-
 from listeners.base import ChangeEvent
 from listeners.elasticsearch import fragments
 from listeners.elasticsearch.bulk import BulkItem, DeadLetter
 from listeners.elasticsearch.documents import Transform, doc_id, source_of
 from listeners.elasticsearch.versioning import EventVersioner
-from listeners.streams import token_time
 
 #: ``lookup(key) -> document or None``: the document as it is now (for split events).
 Lookup = Callable[[Any], "Mapping[str, Any] | None"]
@@ -69,15 +66,14 @@ class ItemMaker:
         if "documentKey" not in event:
             return None  # a fragment: the one with the key is handled in its own batch
         key = event["documentKey"]["_id"]
-        at = event.get("clusterTime")
-        if at is None and "clusterTime" not in event:  # a split event's fragment: the token has it
-            at = token_time(event.get("_id"))
-            event = {**event, "clusterTime": at}
-        if not isinstance(at, Timestamp):
-            at = None  # (as mongo.event_time says, without the call: this runs once per event)
         op = event.get("operationType")
-        origin = {"op": op, "token": event.get("_id"), "cluster_time": at}
-        version = versioner.version(event, at)
+        # (No cluster time here: the versioner reads it from the event, or from the resume token
+        # where the stream left ``clusterTime`` out; a dead letter reads it from the token.)
+        origin = {"op": op, "token": event.get("_id")}
+        version = versioner.version(event)
+        doc = event.get("fullDocument")
+        if doc is not None and op is not None and op != "delete":
+            return self.item(doc, key, version, origin, index)  # (the commonest case, first)
         if fragments.needs_lookup(event):
             # The document as it is now, as updateLookup would give it (see .fragments).
             found = self._lookup(key)
@@ -90,7 +86,6 @@ class ItemMaker:
             except ValueError as exc:
                 self.reject("delete", key, version, origin, index, exc)
                 return None
-        doc = event.get("fullDocument")
         if doc is None:
             return None  # looked up after a later delete: that delete follows
         return self.item(doc, key, version, origin, index)

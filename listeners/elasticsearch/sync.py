@@ -358,7 +358,7 @@ class ElasticsearchSync(ChangeStreamListener):
         ctx.logger.info(
             "elasticsearch: {} of {} seen; on_drop={} for index {}",
             event.get("operationType"),
-            event.get("ns"),
+            f"{self.database}.{self.collection}",  # (the stream leaves ``ns`` out)
             self.on_drop,
             name,
         )

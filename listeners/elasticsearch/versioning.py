@@ -28,6 +28,7 @@ replay by a deposed leader), so it is read from the event's resume token, never 
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,7 +37,7 @@ import bson
 from bson.timestamp import Timestamp
 
 from singleton.errors import SinkError
-from singleton.mongo import event_time
+from singleton.mongo import event_time, token_clock
 
 #: 2020-01-01T00:00:00Z. Cluster times before it cannot be encoded.
 EPOCH = 1_577_836_800
@@ -157,6 +158,13 @@ def _bson_token(data: bytes) -> Mapping[str, Any] | None:
         return None
 
 
+#: The head of a SecantusDB resume token: its BSON length, ``s`` as an int32 (skipped), then
+#: ``t``, a BSON timestamp (a little-endian uint64: seconds in the high half).
+_SECANTUS = struct.Struct("<I3s4x3sQ")
+_S_INT32 = b"\x10s\x00"
+_T_STAMP = b"\x11t\x00"
+
+
 class EventVersioner:
     """Computes :func:`encode` versions for change events. ``anchor`` is needed only for servers
     with BSON resume tokens (see the module docstring); anchors are cached per cluster time."""
@@ -167,14 +175,35 @@ class EventVersioner:
         self._cache_size = cache_size
 
     def version(self, event: Mapping[str, Any], ts: Timestamp | None = None) -> int:
-        """``event``'s version; ``ts``: its cluster time when the caller has it already."""
+        """``event``'s version; ``ts``: its cluster time when the caller has it already (else
+        its ``clusterTime``, else the one in its resume token)."""
+        data = _token_bytes(event)
+        if ts is None and len(data) >= _SECANTUS.size and "txnNumber" not in event:
+            # The commonest case, inline (this runs once per event): a SecantusDB token
+            # ``{s: <int32>, t: <Timestamp>, ...}`` of an event outside a transaction, which is
+            # the only event at its cluster time (position 0), on a stream without clusterTime.
+            size, s_head, t_head, stamp = _SECANTUS.unpack_from(data)
+            if (
+                size == len(data)
+                and s_head == _S_INT32
+                and t_head == _T_STAMP
+                and "clusterTime" not in event
+            ):
+                s, increment = (stamp >> 32) - EPOCH, stamp & 0xFFFFFFFF
+                if 0 <= s <= MAX_SECONDS and increment <= MAX_INCREMENT:
+                    return (s << SECONDS_SHIFT) | (increment << INCREMENT_SHIFT)
         if ts is None:
-            ts = event_time(event)
-        if ts is None:
-            raise VersionOverflowError(f"change event has no clusterTime: {event.get('_id')!r}")
-        data, seconds, increment = _token_bytes(event), ts.time, ts.inc
+            ts = event.get("clusterTime")
+        if isinstance(ts, Timestamp):
+            seconds, increment = ts.time, ts.inc
+        else:  # left out of the stream (ElasticsearchSync's), or a fragment: the token has it
+            clock = token_clock(data)
+            if clock is None:
+                raise VersionOverflowError(f"change event has no clusterTime: {event.get('_id')!r}")
+            seconds, increment = clock
         if "txnNumber" in event or not _bson_shaped(data):
-            return encode(seconds, increment, self._position(event, ts, data))
+            at = Timestamp(seconds, increment)
+            return encode(seconds, increment, self._position(event, at, data))
         # The commonest case, inline (this runs once per event): a BSON token outside a
         # transaction is the only event at its cluster time, at position 0.
         s = seconds - EPOCH

@@ -110,3 +110,39 @@ def test_versions_of_a_stream_increase_and_survive_a_mid_transaction_resume(
     cut = data.draw(st.integers(0, len(events) - 1))
     resumed = v.EventVersioner(anchors.get)
     assert [resumed.version(e) for e in events[cut:]] == full[cut:]
+
+
+def without_cluster_time(event: dict[str, object]) -> dict[str, object]:
+    return {k: val for k, val in event.items() if k != "clusterTime"}
+
+
+@given(
+    st.integers(0, 2**63 - 1),
+    st.integers(v.EPOCH, 2**32 - 1),  # (a BSON timestamp's seconds are 32 bits)
+    increments,
+    st.booleans(),
+    st.sampled_from(["secantus", "keystring"]),
+)
+def test_an_event_without_cluster_time_gets_the_same_version_from_its_token(
+    seq: int, secs: int, inc: int, txn: bool, kind: str
+) -> None:
+    """ElasticsearchSync's stream leaves ``clusterTime`` out: the version read from the resume
+    token (SecantusDB's BSON with an int32 or int64 sequence, mongod's KeyString; in a
+    transaction or not) must equal the one read from ``clusterTime``."""
+    ts = Timestamp(secs, inc)
+    if kind == "secantus":
+        event = secantus_event(seq, ts, txn)
+    else:
+        event = {"_id": {"_data": keystring_token(ts, seq % 5)}, "clusterTime": ts}
+        if txn:
+            event["txnNumber"] = 1
+    with_time = v.EventVersioner({ts: seq - seq % 7}.get).version(event)
+    assert v.EventVersioner({ts: seq - seq % 7}.get).version(without_cluster_time(event)) == (
+        with_time
+    )
+    assert v.decode(with_time)[:2] == (secs, inc)
+
+
+def test_an_event_with_neither_cluster_time_nor_a_known_token_is_refused() -> None:
+    with pytest.raises(v.VersionOverflowError, match="no clusterTime"):
+        v.EventVersioner().version({"_id": {"_data": "00ff"}})
