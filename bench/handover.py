@@ -11,6 +11,7 @@ replicas mirroring ~1,000 events/s into Elasticsearch (embedded Redis, SecantusD
   the same SecantusDB every 20 ms - so a slow handover can be told from a slow store.
 
     python -m bench.handover            # ROUNDS of each kind
+    BENCH_HANDOVER_DRAIN=0.08 python -m bench.handover   # with a shorter drain_timeout
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ LEASE = "bench-handover"
 ROUNDS = int(os.environ.get("BENCH_HANDOVER_ROUNDS", "15"))
 RATE = 1000.0  # inserts per second, in batches of 20
 KINDS = {"sigterm": signal.SIGTERM, "rotate": signal.SIGUSR1}
+#: ``drain_timeout`` of the replicas (``BENCH_HANDOVER_DRAIN``; default: the service's, 0.25 s).
+DRAIN = os.environ.get("BENCH_HANDOVER_DRAIN")
 
 
 def _config(root: Path, redis_url: str, mongo_url: str, es_url: str) -> Path:
@@ -48,6 +51,7 @@ mongo_url = "{mongo_url}"
 es_url = "{es_url}"
 namespace = "bench"
 log_level = "INFO"
+{"" if DRAIN is None else f"drain_timeout = {float(DRAIN)}"}
 
 [lease]
 ttl = 4.0
@@ -143,6 +147,7 @@ def main() -> dict[str, Any]:
         prober.join(5)
         logs = [p.log_path.read_text(errors="replace") for p in procs.values()]
         return {
+            "drain_timeout_s": 0.25 if DRAIN is None else float(DRAIN),
             "write_rate_per_s": round(rate, 1),
             "checkpoint_not_saved": sum(g.count("handover checkpoint not saved") for g in logs),
             "store_write_ms": {

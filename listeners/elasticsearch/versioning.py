@@ -182,7 +182,8 @@ class EventVersioner:
             # The commonest case, inline (this runs once per event): a SecantusDB token
             # ``{s: <int32>, t: <Timestamp>, ...}`` of an event outside a transaction, which is
             # the only event at its cluster time (position 0), on a stream without clusterTime.
-            size, s_head, t_head, stamp = _SECANTUS.unpack_from(data)
+            head: tuple[int, bytes, bytes, int] = _SECANTUS.unpack_from(data)
+            size, s_head, t_head, stamp = head
             if (
                 size == len(data)
                 and s_head == _S_INT32

@@ -126,6 +126,11 @@ class Config:
     log_format: str = "text"
     log_level: str = "INFO"
     shutdown_timeout: float = 10.0
+    #: Seconds a planned handover (SIGTERM, rotation) gives the act in hand, the sink's requests
+    #: in flight and the final checkpoint write before it releases anyway (capped by the
+    #: lease's release_timeout): shorter hands over faster when a store or sink stalls, and the
+    #: successor replays more.
+    drain_timeout: float = 0.25
     #: Spread leases over the live replicas (singleton.balance); false: every replica contends.
     balance: bool = True
     lease: LeaseConfig = field(default_factory=LeaseConfig)
@@ -165,6 +170,7 @@ _TOP_TYPES: dict[str, tuple[type, ...]] = {
     "log_format": (str,),
     "log_level": (str,),
     "shutdown_timeout": (float,),
+    "drain_timeout": (float,),
     "balance": (bool,),
 }
 _LEASE_TYPES: dict[str, tuple[type, ...]] = {f.name: (float,) for f in fields(LeaseConfig)}
@@ -338,5 +344,10 @@ def _validate(config: Config) -> None:
             )
     if config.shutdown_timeout <= 0:
         raise ConfigurationError(f"shutdown_timeout must be > 0, got {config.shutdown_timeout!r}")
+    if not 0 < config.drain_timeout <= config.shutdown_timeout:
+        raise ConfigurationError(
+            f"drain_timeout must be > 0 and <= shutdown_timeout ({config.shutdown_timeout!r}), "
+            f"got {config.drain_timeout!r}"
+        )
     if config.identity is not None and "/" in config.identity:
         raise ConfigurationError(f"identity must not contain '/', got {config.identity!r}")

@@ -187,6 +187,7 @@ class Replica:
                 checkpoints=self.checkpoints,
                 dead_letters=dead_letters,
                 audit=None if self._audit is None else self._audit.bound(listener.lease_name),
+                drain_timeout=self.config.drain_timeout,
             )
             self.hosted.append(Hosted(listener.lease_name, elector, runner, listener))
 

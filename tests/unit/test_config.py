@@ -65,6 +65,8 @@ def test_file_then_env_then_flags(toml: Path) -> None:
         ),
         ({"SINGLETON_REDIS_URL": "http://u:hunter2@h"}, "redis_url must start with"),
         ({"SINGLETON_METRICS_ADDRESS": "9090"}, "metrics_address must be HOST:PORT"),
+        ({"SINGLETON_DRAIN_TIMEOUT": "0"}, "drain_timeout must be > 0 and <= shutdown_timeout"),
+        ({"SINGLETON_DRAIN_TIMEOUT": "30"}, "got 30.0"),
     ],
 )
 def test_bad_values_name_key_value_and_rule(toml: Path, env: dict[str, str], message: str) -> None:
@@ -72,6 +74,11 @@ def test_bad_values_name_key_value_and_rule(toml: Path, env: dict[str, str], mes
         load_config(toml, env)
     assert message in str(info.value)
     assert "hunter2" not in str(info.value)
+
+
+def test_drain_timeout_defaults_to_a_quarter_second_and_can_be_set(toml: Path) -> None:
+    assert load_config(toml).drain_timeout == 0.25
+    assert load_config(toml, {"SINGLETON_DRAIN_TIMEOUT": "0.08"}).drain_timeout == 0.08
 
 
 def test_wrong_type_in_file(tmp_path: Path) -> None:
