@@ -12,7 +12,9 @@ replicas never shed at once.
 
 Hysteresis: shedding starts only after the same member set has wanted it for ``settle`` seconds
 (default: the lease ttl), and never of a lease held for less than its ``min_tenure``, so a member
-that flickers in and out, or a late heartbeat, moves nothing.
+that flickers in and out, or a late heartbeat, moves nothing. Nor of a lease that ``busy(name)``
+says is in work a handover would only interrupt (a listener's initial sync or resync, which its
+successor would resume and replay again): it moves once that work is done.
 
 Affinity: ``prefer[name]`` lists identities that should hold ``name``. While one of them is live,
 other replicas do not contend for it and a holder that is not preferred hands it over; a
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loguru import logger
@@ -74,6 +76,7 @@ class Balancer:
         settle: float | None = None,
         warmup: float | None = None,
         clock: Clock | None = None,
+        busy: Callable[[str], bool] | None = None,
     ) -> None:
         self.membership: Membership = backend.membership()
         self.identity = identity
@@ -88,6 +91,7 @@ class Balancer:
         self._warm_at = -math.inf
         self._prefer = {k: tuple(v) for k, v in (prefer or {}).items()}
         self._min_tenure = dict(min_tenure or {})
+        self._busy = busy or (lambda _name: False)
         self._clock = clock or SYSTEM_CLOCK
         self._lock = threading.Lock()
         self._electors: dict[str, Balanced] = {}
@@ -275,7 +279,11 @@ class Balancer:
         return want
 
     def _pick(self, counts: Mapping[str, int], held: list[str], now: float) -> str | None:
-        movable = [n for n in held if now - self._since[n][1] >= self._min_tenure.get(n, 0.0)]
+        movable = [
+            n
+            for n in held
+            if now - self._since[n][1] >= self._min_tenure.get(n, 0.0) and not self._is_busy(n)
+        ]
         for name in movable:  # affinity first: a preferred replica is live, and it is not us
             preferred = self._prefer.get(name, ())
             if preferred and self.identity not in preferred and set(preferred) & set(counts):
@@ -289,6 +297,13 @@ class Balancer:
             return None
         ours = [n for n in movable if self.identity not in self._prefer.get(n, ())]
         return min(ours, key=lambda n: self._since[n][1], default=None)
+
+    def _is_busy(self, name: str) -> bool:
+        try:
+            return bool(self._busy(name))
+        except Exception:  # a broken predicate must not stop balancing: movable, as without it
+            logger.opt(exception=True).warning("balancing: busy({!r}) failed", name)
+            return False
 
     def _held(self, now: float) -> list[str]:
         out = []

@@ -117,7 +117,13 @@ class Replica:
             self.config.lease.timings(),
             prefer={k: v for k, v in prefer.items() if v},
             min_tenure={k: v for k, v in min_tenure.items() if v},
+            busy=self._syncing,
         )
+
+    def _syncing(self, lease: str) -> bool:
+        """Whether this replica's runner of ``lease`` is in an initial sync or a resync (the
+        balancer does not move it then: its successor would only redo part of it)."""
+        return any(h.name == lease and h.runner.status().state == "syncing" for h in self.hosted)
 
     def _check_names(self) -> None:
         taken = {listener.lease_name for listener in self._listeners}

@@ -34,13 +34,22 @@ class Sim:
     replicas: dict[str, Replica] = field(default_factory=dict)
     changes: int = 0
     prefer: dict[str, list[str]] = field(default_factory=dict)
+    #: Leases in work a handover would interrupt (an initial sync), on every replica.
+    busy: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.backend = MemoryLeaseBackend(self.clock)
         self.holders = self.owners()
 
     def add(self, identity: str) -> None:
-        balancer = Balancer(self.backend, identity, TIMINGS, clock=self.clock, prefer=self.prefer)
+        balancer = Balancer(
+            self.backend,
+            identity,
+            TIMINGS,
+            clock=self.clock,
+            prefer=self.prefer,
+            busy=self.busy.__contains__,
+        )
         electors = [
             Elector(
                 self.backend,
@@ -158,6 +167,35 @@ def test_a_joining_replica_gets_work_from_the_busiest() -> None:
     sim.changes = 0
     sim.run(30)
     assert sim.changes == 0
+
+
+def test_a_busy_lease_is_not_moved_until_its_work_is_done() -> None:
+    """A listener in its initial sync: balancing would only make the successor redo part of it,
+    so the lease stays until ``busy`` clears, then moves as usual."""
+    sim = Sim(2, busy={"l0", "l1"})
+    sim.add("a")
+    sim.run(2)
+    assert sim.counts() == {"a": 2}
+    sim.add("b")
+    sim.run(4 * TTL)
+    assert sim.counts() == {"a": 2, "b": 0}  # "a" holds more than its share, but both are busy
+    assert sim.replicas["a"].balancer.sheds == 0
+    sim.busy.clear()
+    sim.settle_within(3 * TTL)
+    assert sim.counts() == {"a": 1, "b": 1}
+
+
+def test_a_busy_predicate_that_raises_does_not_stop_balancing() -> None:
+    def broken(_name: str) -> bool:
+        raise RuntimeError("boom")
+
+    sim = Sim(2)
+    sim.add("a")
+    sim.run(2)
+    sim.replicas["a"].balancer._busy = broken
+    sim.add("b")
+    sim.settle_within(3 * TTL)
+    assert sim.counts() == {"a": 1, "b": 1}
 
 
 def test_affinity_puts_a_lease_on_its_preferred_replica() -> None:

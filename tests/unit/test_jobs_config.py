@@ -5,6 +5,7 @@ drill's verdict on a job's record."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -139,3 +140,20 @@ def test_jobs_have_metrics(tmp_path: Path) -> None:
         "singleton_job_missed_total": 0.0,
         "singleton_job_is_leader": 0.0,
     }  # no lateness until a call ran
+
+
+def test_the_balancer_leaves_a_syncing_listener_where_it_is(tmp_path: Path) -> None:
+    """The replica tells its balancer which leases are busy: a listener in its initial sync
+    or a resync (``state == "syncing"``); any other state, or a job's lease, is movable."""
+
+    def hosted(name: str, state: str) -> Any:
+        status = SimpleNamespace(state=state)
+        return SimpleNamespace(name=name, runner=SimpleNamespace(status=lambda: status))
+
+    config = load_config(write(tmp_path, JOB + "every = 1\n"))
+    replica = Replica(config, backend=MemoryLeaseBackend())
+    replica.hosted = [hosted("orders", "syncing"), hosted("users", "streaming")]
+    assert replica.balancer is not None
+    assert replica.balancer._is_busy("orders")
+    assert not replica.balancer._is_busy("users")
+    assert not replica.balancer._is_busy("report")  # a job's lease
