@@ -131,7 +131,8 @@ class ChangeStreamListener:
     pipeline: Sequence[Mapping[str, Any]] = ()
     full_document: str | None = "updateLookup"
     batch_size: int = 500
-    #: Seconds to wait for more events before handing a partial batch over.
+    #: Seconds to wait for more events before handing a partial batch over (it goes sooner
+    #: when the stream has caught up: a ``getMore`` came back empty).
     max_batch_wait: float = 0.2
     on_history_lost: HistoryLostPolicy = "fail"
     on_poison: PoisonPolicy = "dead_letter"

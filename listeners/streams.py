@@ -124,6 +124,12 @@ class StreamReader:
     made it: the event's own ``_id`` (``try_next`` puts the post-batch token in its place only
     for the last event of a buffer, which is always read by ``try_next``, as is every event
     that may need I/O).
+
+    A ``getMore`` made while a partial batch is in hand waits at most what is left of the
+    listener's ``max_batch_wait`` (never more than the stream's own ``max_await_time``), so a
+    partial batch is handed over ``max_batch_wait`` after its first event at the latest, or as
+    soon as the stream has caught up (an empty ``getMore``); with no batch in hand it waits the
+    stream's whole ``max_await_time`` (the server answers as soon as an event comes).
     """
 
     def __init__(
@@ -148,6 +154,8 @@ class StreamReader:
         self._skips = 0
         #: The token after the last event taken from the buffer (None: the stream's is right).
         self._taken: Any = None
+        #: The stream's own getMore wait in ms (``None``: not a pymongo 4 stream, left alone).
+        self._await_ms: int | None = _await_ms(stream)
 
     @property
     def resume_token(self) -> Any:
@@ -186,6 +194,8 @@ class StreamReader:
         if held:
             event = stream.try_next()
         else:
+            if self._await_ms is not None:
+                self._linger()
             with self._bounded():
                 event = stream.try_next()
         self._taken = None
@@ -196,6 +206,15 @@ class StreamReader:
             batch = self.in_hand()
             return Step("invalidate", batch[-1]["_id"] if batch else None, batch, event)
         return self._add(event, now)
+
+    def _linger(self) -> None:
+        """Bound the next ``getMore``'s wait by what is left of the batch's ``max_batch_wait``."""
+        wait_ms = self._await_ms
+        assert wait_ms is not None
+        if self._batch:
+            left = self._max_wait - (self._clock.monotonic() - self._first_at)
+            wait_ms = max(1, min(wait_ms, int(left * 1000)))
+        self._stream._cursor._max_await_time_ms = wait_ms
 
     def _take_held(self, held: deque[Any]) -> Step | None:
         """Take the held events but the last (see the class docstring)."""
@@ -225,6 +244,16 @@ class StreamReader:
         if len(batch) >= self._batch_size or now - self._first_at >= self._max_wait:
             return Step("full", self.resume_token, self.in_hand())
         return None
+
+
+def _await_ms(stream: Any) -> int | None:
+    """The ``maxAwaitTimeMS`` a pymongo 4 change stream sends with each ``getMore`` (``None``
+    if it is not one, or sends none)."""
+    try:
+        wait = stream._cursor._max_await_time_ms
+    except AttributeError:
+        return None
+    return wait if type(wait) is int and wait > 0 else None
 
 
 def _held(stream: Any) -> deque[Any] | None:
