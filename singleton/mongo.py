@@ -213,10 +213,11 @@ def token_time(token: Any) -> Timestamp | None:
     return None if clock is None else Timestamp(*clock)
 
 
-#: SecantusDB's BSON token as it writes it: ``s`` (int32 or int64) first, then ``t``.
-_S32_T = b"\x10s\x00"
-_S64_T = b"\x12s\x00"
-_T = b"\x11t\x00"
+#: SecantusDB's BSON token as it writes it: ``s`` (int32 or int64) first, then ``t`` (the
+#: element heads: type byte, name, NUL). Public for the sinks that parse tokens inline.
+TOKEN_S_INT32 = b"\x10s\x00"
+TOKEN_S_INT64 = b"\x12s\x00"
+TOKEN_T_STAMP = b"\x11t\x00"
 
 
 def token_clock(raw: bytes) -> tuple[int, int] | None:
@@ -234,8 +235,8 @@ def token_clock(raw: bytes) -> tuple[int, int] | None:
     if len(raw) < 5 or int.from_bytes(raw[:4], "little") != len(raw):
         return None
     head = raw[4:7]
-    at = 11 if head == _S32_T else 15 if head == _S64_T else 0
-    if at and raw[at : at + 3] == _T and len(raw) >= at + 11:
+    at = 11 if head == TOKEN_S_INT32 else 15 if head == TOKEN_S_INT64 else 0
+    if at and raw[at : at + 3] == TOKEN_T_STAMP and len(raw) >= at + 11:
         return int.from_bytes(raw[at + 7 : at + 11], "little"), int.from_bytes(
             raw[at + 3 : at + 7], "little"
         )

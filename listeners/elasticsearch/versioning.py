@@ -37,7 +37,7 @@ import bson
 from bson.timestamp import Timestamp
 
 from singleton.errors import SinkError
-from singleton.mongo import event_time, token_clock
+from singleton.mongo import TOKEN_S_INT32, TOKEN_T_STAMP, event_time, token_clock
 
 #: 2020-01-01T00:00:00Z. Cluster times before it cannot be encoded.
 EPOCH = 1_577_836_800
@@ -161,8 +161,6 @@ def _bson_token(data: bytes) -> Mapping[str, Any] | None:
 #: The head of a SecantusDB resume token: its BSON length, ``s`` as an int32 (skipped), then
 #: ``t``, a BSON timestamp (a little-endian uint64: seconds in the high half).
 _SECANTUS = struct.Struct("<I3s4x3sQ")
-_S_INT32 = b"\x10s\x00"
-_T_STAMP = b"\x11t\x00"
 
 
 class EventVersioner:
@@ -186,8 +184,8 @@ class EventVersioner:
             size, s_head, t_head, stamp = head
             if (
                 size == len(data)
-                and s_head == _S_INT32
-                and t_head == _T_STAMP
+                and s_head == TOKEN_S_INT32
+                and t_head == TOKEN_T_STAMP
                 and "clusterTime" not in event
             ):
                 s, increment = (stamp >> 32) - EPOCH, stamp & 0xFFFFFFFF
