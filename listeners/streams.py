@@ -214,7 +214,8 @@ class StreamReader:
         if self._batch:
             left = self._max_wait - (self._clock.monotonic() - self._first_at)
             wait_ms = max(1, min(wait_ms, int(left * 1000)))
-        self._stream._cursor._max_await_time_ms = wait_ms
+        with contextlib.suppress(AttributeError):  # (a driver whose cursor is gone or changed)
+            self._stream._cursor._max_await_time_ms = wait_ms
 
     def _take_held(self, held: deque[Any]) -> Step | None:
         """Take the held events but the last (see the class docstring)."""
