@@ -195,7 +195,7 @@ class StreamReader:
             event = stream.try_next()
         else:
             if self._await_ms is not None:
-                self._linger()
+                self._linger(self._await_ms)
             with self._bounded():
                 event = stream.try_next()
         self._taken = None
@@ -207,10 +207,9 @@ class StreamReader:
             return Step("invalidate", batch[-1]["_id"] if batch else None, batch, event)
         return self._add(event, now)
 
-    def _linger(self) -> None:
-        """Bound the next ``getMore``'s wait by what is left of the batch's ``max_batch_wait``."""
-        wait_ms = self._await_ms
-        assert wait_ms is not None
+    def _linger(self, wait_ms: int) -> None:
+        """Bound the next ``getMore``'s wait (``wait_ms``, the stream's own) by what is left of
+        the batch's ``max_batch_wait``."""
         if self._batch:
             left = self._max_wait - (self._clock.monotonic() - self._first_at)
             wait_ms = max(1, min(wait_ms, int(left * 1000)))
