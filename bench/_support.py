@@ -3,9 +3,12 @@ document count, three ``singleton run`` replicas on one config, and a paced writ
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,19 @@ def start_servers(root: Path) -> list[Any]:
     for s in servers:
         s.start()
     return servers
+
+
+@contextlib.contextmanager
+def embedded_urls(prefix: str) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A fresh work directory (``prefix`` names it) and the URLs of embedded Redis, SecantusDB
+    and osmem-server started in it (keys ``redis``, ``mongo``, ``es``); stopped on exit."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    servers = start_servers(root)
+    try:
+        yield root, {"redis": servers[0].url, "mongo": servers[1].url, "es": servers[2].url}
+    finally:
+        for s in servers:
+            s.stop()
 
 
 def three_replicas(config: Path, root: Path) -> dict[str, ReplicaProcess]:

@@ -18,14 +18,13 @@ as a ``getMore`` comes back empty (after at most 0.1 s); so a lone event waits a
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pymongo
 
-from bench._support import cpu_seconds, es_count, pct, start_servers
+from bench._support import cpu_seconds, embedded_urls, es_count, pct
 from bench.stream import _config
 from listeners.elasticsearch.transport import connect
 from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
@@ -79,17 +78,11 @@ def _one(urls: dict[str, str], root: Path, coll_name: str, options: str) -> dict
 
 
 def main() -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="bench-idle-"))
-    procs = start_servers(root)
-    try:
-        urls = {"redis": procs[0].url, "mongo": procs[1].url, "es": procs[2].url}
+    with embedded_urls("bench-idle-") as (root, urls):
         return {
             "runs": [_one(urls, root, f"idle{i}", opts) for i, opts in enumerate(SETTINGS)],
             "idle_seconds": IDLE_S,
         }
-    finally:
-        for p in procs:
-            p.stop()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 
 import pymongo
 
-from bench._support import cpu_seconds, es_count, start_servers
+from bench._support import cpu_seconds, embedded_urls, es_count
 from bench.sync import _bulk_raw, _read_stream
 from listeners.elasticsearch.transport import connect
 from singleton.mongo import cluster_time
@@ -138,18 +137,12 @@ def _one(servers: dict[str, str], root: Path, size: int, n: int) -> dict[str, An
 
 
 def main() -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="bench-stream-"))
-    procs = start_servers(root)
-    try:
-        urls = {"redis": procs[0].url, "mongo": procs[1].url, "es": procs[2].url}
+    with embedded_urls("bench-stream-") as (root, urls):
         return {
             "small": _one(urls, root, 100, SMALL),
             "large": _one(urls, root, 2000, max(1, SMALL // 4)),
             "goal": {"ratio": 0.8, "cpu_us_per_event": 15},
         }
-    finally:
-        for p in procs:
-            p.stop()
 
 
 if __name__ == "__main__":
