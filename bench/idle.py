@@ -60,10 +60,12 @@ def _one(urls: dict[str, str], root: Path, coll_name: str, options: str) -> dict
         for i in range(EVENTS):
             started = time.perf_counter()
             coll.insert_one({"_id": i})
-            while es_count(es, coll_name) < i + 2:
-                if time.perf_counter() - started > 30 or not replica.alive:
-                    raise RuntimeError(f"event {i} not indexed; see {replica.log_path}")
-                time.sleep(0.002)
+            wait_until(
+                lambda: es_count(es, coll_name) >= i + 2,  # noqa: B023 (called before i moves)
+                30,
+                interval=0.002,
+                what=f"event {i} indexed (see {replica.log_path})",
+            )
             lags.append((time.perf_counter() - started) * 1000)
             time.sleep(GAP_S)
     finally:
