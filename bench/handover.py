@@ -12,6 +12,7 @@ replicas mirroring ~1,000 events/s into Elasticsearch (embedded Redis, SecantusD
 
     python -m bench.handover            # ROUNDS of each kind
     BENCH_HANDOVER_DRAIN=0.08 python -m bench.handover   # with a shorter drain_timeout
+    BENCH_HANDOVER_CHECKPOINTS=redis python -m bench.handover   # checkpoints in Redis
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ RATE = 1000.0  # inserts per second, in batches of 20
 KINDS = {"sigterm": signal.SIGTERM, "rotate": signal.SIGUSR1}
 #: ``drain_timeout`` of the replicas (``BENCH_HANDOVER_DRAIN``; default: the service's, 0.25 s).
 DRAIN = os.environ.get("BENCH_HANDOVER_DRAIN")
+#: ``checkpoint_store`` of the replicas (``BENCH_HANDOVER_CHECKPOINTS``; default ``mongo``, the
+#: same SecantusDB as the stream, whose write stalls a handover's checkpoint then waits for).
+CHECKPOINTS = os.environ.get("BENCH_HANDOVER_CHECKPOINTS", "mongo")
 
 
 def _config(root: Path, redis_url: str, mongo_url: str, es_url: str) -> Path:
@@ -52,6 +56,7 @@ es_url = "{es_url}"
 namespace = "bench"
 log_level = "INFO"
 {"" if DRAIN is None else f"drain_timeout = {float(DRAIN)}"}
+checkpoint_store = "{CHECKPOINTS}"
 
 [lease]
 ttl = 4.0
@@ -148,6 +153,7 @@ def main() -> dict[str, Any]:
         logs = [p.log_path.read_text(errors="replace") for p in procs.values()]
         return {
             "drain_timeout_s": 0.25 if DRAIN is None else float(DRAIN),
+            "checkpoint_store": CHECKPOINTS,
             "write_rate_per_s": round(rate, 1),
             "checkpoint_not_saved": sum(g.count("handover checkpoint not saved") for g in logs),
             "store_write_ms": {
