@@ -12,6 +12,9 @@ the same run on the same documents:
   connections);
 * ``cpu_us_per_event``: the replica's own CPU time (``/proc/<pid>/stat``, user + system) over
   the streaming phase, divided by ``N``.
+* ``stream_raw_cpu_us_per_event``: this process's CPU time while pymongo alone reads the stream
+  (``stream_raw``), divided by ``N``: what reading and decoding cost by themselves on the same
+  server, beside the replica's figure (which reads fewer fields, then mirrors each event).
 
 ``ratio = synced / min(stream_raw, bulk_raw)`` (goal >= 0.8); CPU goal <= 15 us per event.
 ``BENCH_STREAM_N`` sets ``N`` for small documents (default 40,000; a quarter for 2 KB);
@@ -122,7 +125,9 @@ def _one(servers: dict[str, str], root: Path, size: int, n: int) -> dict[str, An
     t_last, cpu_last = time.perf_counter(), cpu_seconds(pid)
     replica.stop()
     # 4. The ceilings, on the same documents.
+    raw_cpu = time.process_time()
     stream_s = _read_stream(coll, start, n)
+    raw_cpu = time.process_time() - raw_cpu
     bulk_s = min(_bulk_raw(es, f"raw{size}-{p}", docs, p) for p in (1, 2))
     es.close()
     client.close()
@@ -133,6 +138,7 @@ def _one(servers: dict[str, str], root: Path, size: int, n: int) -> dict[str, An
         "rates_per_s": {k: round(v, 1) for k, v in rates.items()},
         "ratio": round(rates["synced"] / min(rates["stream_raw"], rates["bulk_raw"]), 3),
         "cpu_us_per_event": round((cpu_last - cpu_first) / n * 1e6, 1),
+        "stream_raw_cpu_us_per_event": round(raw_cpu / n * 1e6, 1),
     }
 
 
