@@ -6,7 +6,9 @@
 * Elasticsearch: osmem-server, the binary bundled in the ``osmem-server`` wheel.
 
 Each class owns exactly one process; ``stop()`` ends it and removes what it created. Readiness is
-a deadline-bounded probe of the real protocol, never a fixed sleep.
+a deadline-bounded probe of the real protocol, never a fixed sleep, and it must be our process
+that answers: a port taken by another process before the first start moves the server to a new
+one (:meth:`EmbeddedServer.start`).
 """
 
 from __future__ import annotations
@@ -27,13 +29,7 @@ from pathlib import Path
 from types import TracebackType
 
 from singleton.errors import BackendUnavailableError, ConfigurationError
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the usual bind-to-0 trick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+from singleton.service.ports import free_port, listens
 
 
 def wait_until(
@@ -58,12 +54,23 @@ def wait_until(
         stop.wait(interval)
 
 
+#: Where a server's log says its port was taken between :func:`free_port` and its bind (the
+#: ``strerror`` of ``EADDRINUSE``, which Redis, Python and Go servers all print).
+_PORT_TAKEN = "address already in use"
+#: First starts on a fresh port after the picked one was taken by another process meanwhile.
+_PORT_ATTEMPTS = 3
+
+
 def _tcp_open(port: int, host: str = "127.0.0.1") -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
             return True
     except OSError:
         return False
+
+
+class _PortTakenError(BackendUnavailableError):
+    """The server could not bind its port: another process took it first."""
 
 
 class EmbeddedServer:
@@ -76,6 +83,9 @@ class EmbeddedServer:
     ):
         self.host = host
         self.port = port or free_port(host)
+        #: A port we picked may move to another one while the server has never started (see
+        #: :meth:`start`); a port given to us, or one a server has run on, stays.
+        self._movable = port is None
         self.proc: subprocess.Popen[bytes] | None = None
         self._tmp = tempfile.mkdtemp(prefix=f"singleton-{self.kind}-")
         self.log_path = Path(log_dir or self._tmp) / f"{self.kind}-{self.port}.log"
@@ -94,8 +104,33 @@ class EmbeddedServer:
 
     # lifecycle
     def start(self, timeout: float = 30.0) -> EmbeddedServer:
+        """Start the process and wait until it answers on its port, at most ``timeout`` s.
+
+        Up means our process answers: :meth:`ready` passing is not enough while another process
+        listens on the port (:func:`listens`). A first start on a port we picked, which another
+        process took between :func:`free_port` and the bind, is made again on a fresh port (up
+        to :data:`_PORT_ATTEMPTS` times); so read :attr:`port` and :attr:`url` after it."""
         if self.proc is not None and self.proc.poll() is None:
             return self
+        attempt = 1
+        while True:
+            try:
+                self._start(timeout)
+            except _PortTakenError:
+                if not self._movable or attempt == _PORT_ATTEMPTS:
+                    raise
+                attempt += 1
+                self._move()
+                continue
+            self._movable = False
+            return self
+
+    def _move(self) -> None:
+        self.port = free_port(self.host)
+        self.log_path = self.log_path.with_name(f"{self.kind}-{self.port}.log")
+
+    def _start(self, timeout: float) -> None:
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self._log = log
         self.proc = subprocess.Popen(
@@ -105,25 +140,24 @@ class EmbeddedServer:
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it in order
         )
+        proc = self.proc
 
         def up() -> bool:
-            if self.proc is not None and self.proc.poll() is not None:
+            if proc.poll() is not None:
                 raise BackendUnavailableError(
-                    f"{self.kind} exited with {self.proc.returncode}; see {self.log_path}"
+                    f"{self.kind} exited with {proc.returncode}; see {self.log_path}"
                 )
-            return self.ready()
+            return self.ready() and listens(proc.pid, self.port) is not False
 
         try:
             wait_until(up, timeout, what=f"{self.kind} on port {self.port}")
         except BackendUnavailableError:
             self.stop()
-            tail = (
-                self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
-            )
-            raise BackendUnavailableError(
-                f"{self.kind} did not start on port {self.port}: {tail}"
-            ) from None
-        return self
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                tail = f.read().decode(errors="replace")[-2000:]
+            error = _PortTakenError if _PORT_TAKEN in tail.lower() else BackendUnavailableError
+            raise error(f"{self.kind} did not start on port {self.port}: {tail}") from None
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

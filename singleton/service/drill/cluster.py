@@ -178,24 +178,22 @@ class DrillCluster:
     # -- start/stop ---------------------------------------------------------------------
     def start_servers(self) -> None:
         logs = str(self.workdir)
+        made: dict[str, EmbeddedServer] = {}
         if self.use_sentinel:
             self.sentinel = SentinelTopology(logs)
             self.sentinel.start()
             self.urls["redis"] = self.sentinel.url
         elif self.urls["redis"] is None and self.backend_name == "redis":
             self.redis = PersistentRedis(log_dir=logs)
-            self.servers.append(self.redis)
-            self.urls["redis"] = self.redis.url
+            made["redis"] = self.redis
         if self.urls["mongo"] is None:
-            mongo = MongoServer(log_dir=logs, oplog_max_entries=self.oplog_max_entries)
-            self.servers.append(mongo)
-            self.urls["mongo"] = mongo.url
+            made["mongo"] = MongoServer(log_dir=logs, oplog_max_entries=self.oplog_max_entries)
         if self.urls["es"] is None:
-            es = ElasticServer(log_dir=logs)
-            self.servers.append(es)
-            self.urls["es"] = es.url
-        for server in self.servers:
+            made["es"] = ElasticServer(log_dir=logs)
+        for key, server in made.items():
+            self.servers.append(server)
             server.start()
+            self.urls[key] = server.url  # (known once it runs: see EmbeddedServer.start)
 
     @property
     def mongo_url(self) -> str:

@@ -85,7 +85,6 @@ class SentinelTopology:
 
     def __init__(self, log_dir: str, sentinels: int = 3) -> None:
         self.nodes = (DataNode(log_dir), DataNode(log_dir))
-        self.nodes[1].replicaof = (self.nodes[0].host, self.nodes[0].port)
         self.sentinels = [SentinelServer(self.nodes[0], log_dir) for _ in range(sentinels)]
         self._clients: list[redis.Redis] = []
 
@@ -95,8 +94,10 @@ class SentinelTopology:
         return f"redis+sentinel://{hosts}/{SERVICE}/0"
 
     def start(self, timeout: float = 30.0) -> None:
-        for node in self.nodes:
-            node.start(timeout)
+        first, second = self.nodes
+        first.start(timeout)  # (its port is final once it runs: see EmbeddedServer.start)
+        second.replicaof = (first.host, first.port)
+        second.start(timeout)
         for sentinel in self.sentinels:
             sentinel.start(timeout)
             self._clients.append(_client(sentinel))
