@@ -26,7 +26,9 @@ from urllib.parse import quote
 
 import redis
 
+from singleton.errors import BackendUnavailableError
 from singleton.service.embedded import EmbeddedServer, RedisServer, wait_until
+from singleton.service.ports import listens
 
 SERVICE = "singleton-test"
 DOWN_AFTER_MS = 1000
@@ -159,8 +161,27 @@ class SentinelGroup:
                 state: Any = client.sentinel_master(SERVICE)
                 return int(state["num-slaves"]) >= 1 and int(state["num-other-sentinels"]) >= others
 
-            wait_until(knows_all, timeout, what=f"sentinel {sentinel.port} sees the others")
+            try:
+                wait_until(knows_all, timeout, what=f"sentinel {sentinel.port} sees the others")
+            except BackendUnavailableError as exc:
+                raise BackendUnavailableError(f"{exc}; {self._describe(client)}") from None
         return self
+
+    def _describe(self, client: redis.Redis) -> str:
+        """What a Sentinel that did not settle saw, and whether each server is ours and up."""
+        try:
+            state: Any = client.sentinel_master(SERVICE)
+            seen = {k: state.get(k) for k in ("num-slaves", "num-other-sentinels", "flags")}
+        except redis.RedisError as exc:
+            seen = {"error": str(exc)}
+        servers = [self.primary, self.replica, *self.sentinels]
+        up = {
+            f"{s.kind}:{s.port}": s.proc is not None
+            and s.proc.poll() is None
+            and listens(s.proc.pid, s.port)
+            for s in servers
+        }
+        return f"it saw {seen}; our process listening: {up}"
 
     def master_port(self) -> int:
         """The master's port as the first Sentinel reports it."""
