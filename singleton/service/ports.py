@@ -31,7 +31,8 @@ def _listening_inodes(port: int) -> set[str] | None:
             rows = Path(table).read_text().splitlines()[1:]
         except OSError:
             continue
-        found = found or set()
+        if found is None:
+            found = set()
         for row in rows:
             fields = row.split()
             if (
