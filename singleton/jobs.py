@@ -7,7 +7,9 @@ lease is held. Before each call the fire time is *claimed* in the lease store
 (:meth:`~singleton.abc.LeaseBackend.claim_fire`: one atomic step conditional on the holder and
 token, refused unless later than the latest claim). A new tenure resumes the job at the first
 fire time after the latest claim, so the fire times that fell into a takeover run late (as
-``coalesce`` and ``misfire_grace_time`` decide) and none runs twice.
+``coalesce`` and ``misfire_grace_time`` decide) and none runs twice. Fire times that come due while
+a call is held up by singleton's own work (a slow claim, a takeover's late fire times) run late in
+that call; those that come due while the job's own code runs follow ``max_instances``.
 
 Failure model and clocks: processes crash, pause and lose their network at any instant. Lease
 validity stays on each replica's monotonic clock (see :mod:`singleton.elector`); fire times are
@@ -269,6 +271,7 @@ class LeaderScheduler:
         with job.lock:
             if job.leadership is not ld or not ld.valid():
                 return  # lost meanwhile: _lost paused it
+            job.accepting = True  # (first: a fire time handed over at once must find it set)
             self._modify(job, next_run_time=resume_at)
         logger.info(
             "job {} resumed: token={} latest claimed fire time={} next={}",
@@ -282,6 +285,7 @@ class LeaderScheduler:
         with job.lock:
             if job.leadership is ld:
                 job.leadership = None
+            job.accepting = False
             self._modify(job, next_run_time=None)
         logger.info("job {} paused: token={} {}", job.name, ld.token, why)
 
@@ -289,6 +293,7 @@ class LeaderScheduler:
         """A planned handover: no new call starts; wait for the running ones (the elector bounds
         this by ``release_timeout``)."""
         with job.lock:
+            job.accepting = False
             self._modify(job, next_run_time=None)
             job.lock.wait_for(lambda: job.running == 0)
 

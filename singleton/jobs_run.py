@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import traceback
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -73,6 +74,10 @@ class JobState:
     lock: threading.Condition = field(default_factory=threading.Condition)
     leadership: Leadership | None = None
     running: int = 0
+    #: Whether the current tenure takes fire times: set when it resumes the job, cleared when it
+    #: pauses it (a loss, a planned handover). Fire times handed over before a pause are left
+    #: unclaimed, for the successor.
+    accepting: bool = False
 
 
 class FireRunner:
@@ -90,21 +95,50 @@ class FireRunner:
         return datetime.fromtimestamp(self._clock.time(), timezone.utc)
 
     def run(self, job: JobState, aps: Any, run_times: list[datetime]) -> list[Any]:
+        """Run ``run_times`` in order, then the fire times that came due meanwhile while this
+        call was held up by singleton's own work (see :meth:`_held_up`)."""
         events = []
         missed: list[datetime] = []
-        for run_time in run_times:
-            fire = run_time.astimezone(timezone.utc)
+        calls: list[tuple[datetime, datetime]] = []  # when the job's own code ran
+        pending = deque(run_time.astimezone(timezone.utc) for run_time in run_times)
+        while pending:
+            fire = pending.popleft()
             late = (self.now() - fire).total_seconds()
             if job.misfire_grace is not None and late > job.misfire_grace:
                 missed.append(fire)
                 events.append(JobExecutionEvent(EVENT_JOB_MISSED, job.name, JOBSTORE, fire))
-                continue
-            event = self._fire(job, fire, late)
-            if event is not None:
-                events.append(event)
+            else:
+                event = self._fire(job, fire, late, calls)
+                if event is not None:
+                    events.append(event)
+            if not pending:
+                pending.extend(self._held_up(job, aps, fire, calls))
         if missed:
             self._missed(job, missed)
         return events
+
+    def _held_up(
+        self, job: JobState, aps: Any, after: datetime, calls: list[tuple[datetime, datetime]]
+    ) -> list[datetime]:
+        """The fire times after ``after`` that are due now and did not come due while the job's
+        own code ran (``calls``). APScheduler skipped them because this call was still running
+        (``max_instances``), but what held it up was singleton's work: a slow claim or record,
+        or the late fire times of a takeover. They run late, once each (once in all with
+        ``coalesce``), as the fire times of a takeover do. Those that came due during a call
+        stay skipped, as ``max_instances`` says."""
+        with job.lock:
+            ld = job.leadership
+            if ld is None or not ld.valid() or not job.accepting or self._stopping.is_set():
+                return []
+        now = self.now()
+        due: list[datetime] = []
+        nxt = aps.trigger.get_next_fire_time(after, now)
+        while nxt is not None and nxt <= now:
+            fire = nxt.astimezone(timezone.utc)
+            if not any(start <= fire < end for start, end in calls):
+                due.append(fire)
+            nxt = aps.trigger.get_next_fire_time(nxt, now)
+        return due[-1:] if aps.coalesce else due
 
     def _missed(self, job: JobState, missed: list[datetime]) -> None:
         """One line for a run of missed fire times (a wall clock that jumped may miss many)."""
@@ -120,20 +154,29 @@ class FireRunner:
             job.misfire_grace,
         )
 
-    def _fire(self, job: JobState, fire: datetime, late: float) -> Any:
+    def _fire(
+        self, job: JobState, fire: datetime, late: float, calls: list[tuple[datetime, datetime]]
+    ) -> Any:
         with job.lock:
             ld = job.leadership
-            if ld is None or not ld.valid() or self._stopping.is_set():
+            if ld is None or not ld.valid() or not job.accepting or self._stopping.is_set():
                 return None  # left unclaimed: the successor runs it
             job.running += 1
         try:
-            return self._claim_and_call(job, ld, fire, late)
+            return self._claim_and_call(job, ld, fire, late, calls)
         finally:
             with job.lock:
                 job.running -= 1
                 job.lock.notify_all()
 
-    def _claim_and_call(self, job: JobState, ld: Leadership, fire: datetime, late: float) -> Any:
+    def _claim_and_call(
+        self,
+        job: JobState,
+        ld: Leadership,
+        fire: datetime,
+        late: float,
+        calls: list[tuple[datetime, datetime]],
+    ) -> Any:
         try:
             claimed = self.backend.claim_fire(ld.lease, epoch_ms(fire), self.keep)
         except SingletonError as exc:
@@ -154,10 +197,13 @@ class FireRunner:
             )
             return None
         logger.debug("job {} running fire time {} token={}", job.name, fire.isoformat(), ld.token)
+        started = self.now()
         try:
             retval = job.func(JobContext(job.name, ld.token, fire, ld))
         except Exception as exc:
             return self._failed(job, ld, fire, late, exc)
+        finally:
+            calls.append((started, self.now()))
         with job.lock:
             s = job.status
             s.runs += 1

@@ -310,3 +310,76 @@ def test_a_call_longer_than_its_interval_follows_max_instances(
     assert running[1] == 1
     gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(started)]
     assert gaps[0] > 0.5 and len(set(started)) == len(started)
+
+
+class SlowClaims(MemoryLeaseBackend):
+    """An in-memory store whose first claims take the given seconds: of the fake clock when one
+    is given (the clock moves on while the claim is in flight), else real ones."""
+
+    def __init__(self, delays: list[float], clock: FakeClock | None = None) -> None:
+        if clock is None:
+            super().__init__()
+        else:
+            super().__init__(clock=clock)
+        self.delays, self.fake = list(delays), clock
+
+    def claim_fire(self, lease: Any, fire_ms: int, keep: int = 100, ahead_ms: int = 10_000) -> bool:
+        delay = self.delays.pop(0) if self.delays else 0.0
+        if self.fake is not None:
+            self.fake.advance(delay)
+        elif delay:
+            threading.Event().wait(delay)  # a store answering slowly, not a synchronisation
+        return super().claim_fire(lease, fire_ms, keep, ahead_ms)
+
+
+def test_a_fire_time_that_comes_due_during_a_slow_claim_runs_late_in_the_same_call(
+    clock: FakeClock, made: list[Replica]
+) -> None:
+    """The claim of fire time 0 takes 1.5 s: fire time 1 comes due meanwhile, while singleton,
+    not the job, holds the call up. It runs right after 0, late, once (a scheduler would have
+    skipped it as max_instances says, the call being still in progress)."""
+    log: list[Record] = []
+    a = Replica(SlowClaims([1.5], clock), clock, "a").add(recorder(log, "a"))
+    made.append(a)
+    t0 = wall(clock)
+    a.elect()
+    a.tick()
+    assert seconds(log, t0) == [0, 1]
+    assert a.sched.status()[0].lateness_seconds == 0.5
+    a.step()  # 2.5 s: fire time 2 runs; 1, handed over again, is refused by its claim
+    assert seconds(log, t0) == [0, 1, 2]
+
+
+def test_a_fire_time_that_comes_due_during_the_job_s_own_call_is_not_picked_up(
+    clock: FakeClock, made: list[Replica]
+) -> None:
+    """The job's own call takes 1.5 s: what came due meanwhile is max_instances' business (the
+    scheduler skips it), not a call held up by singleton."""
+    log: list[Record] = []
+
+    def slow(ctx: JobContext) -> None:
+        log.append((ctx.fire_time, ctx.token, "a"))
+        if len(log) == 1:
+            clock.advance(1.5)
+
+    a = Replica(MemoryLeaseBackend(clock=clock), clock, "a").add(slow)
+    made.append(a)
+    t0 = wall(clock)
+    a.elect()
+    a.tick()
+    assert seconds(log, t0) == [0]
+
+
+def test_slow_claims_on_the_scheduler_thread_skip_no_fire_time() -> None:
+    """On the real scheduler thread, claims slower than the interval (0.15 s against 0.1 s):
+    every fire time from the first call to the last runs, once, in order; none is skipped."""
+    started: list[datetime] = []
+    sched = LeaderScheduler(SlowClaims([0.15] * 8), identity="a", ttl=3)
+    sched.add_job(lambda ctx: started.append(ctx.fire_time), "interval", name=JOB, seconds=0.1)
+    sched.start()
+    try:
+        wait_until(lambda: len(started) >= 10, 20, what="ten calls")
+    finally:
+        sched.stop(timeout=5)
+    steps = [round((b - a).total_seconds(), 3) for a, b in itertools.pairwise(started)]
+    assert steps and set(steps) == {0.1}, steps
