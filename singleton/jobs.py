@@ -39,7 +39,14 @@ from singleton.balance_view import Gate
 from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.elector import Elector, default_identity
 from singleton.errors import ConfigurationError, SingletonError
-from singleton.jobs_context import ANCHOR, JobContext, JobStatus, from_ms, next_fire_after
+from singleton.jobs_context import (
+    ANCHOR,
+    JobContext,
+    JobStatus,
+    due_fire_times,
+    from_ms,
+    next_fire_after,
+)
 from singleton.jobs_run import ClaimingExecutor, FireRunner, JobFunction, JobState
 from singleton.leadership import Leadership
 from singleton.retry import Backoff
@@ -204,11 +211,9 @@ class LeaderScheduler:
         now = self._now()
         for job in self._jobs.values():
             aps = self.scheduler.get_job(job.name)
-            run_times: list[datetime] = []
-            nxt = None if aps is None else aps.next_run_time
-            while nxt is not None and nxt <= now:
-                run_times.append(nxt)
-                nxt = aps.trigger.get_next_fire_time(nxt, now)
+            if aps is None:
+                continue
+            run_times, nxt = due_fire_times(aps.trigger, aps.next_run_time, now)
             if not run_times:
                 continue
             self._modify(job, next_run_time=nxt)

@@ -156,6 +156,19 @@ def next_fire_after(trigger: BaseTrigger, last: datetime | None, now: datetime) 
     return None if found is None else found.astimezone(timezone.utc)
 
 
+def due_fire_times(
+    trigger: BaseTrigger, first: datetime | None, now: datetime
+) -> tuple[list[datetime], datetime | None]:
+    """``first`` and the fire times after it, up to ``now`` included; and the one after them
+    (``None``: the trigger has no more)."""
+    due: list[datetime] = []
+    nxt = first
+    while nxt is not None and nxt <= now:
+        due.append(nxt)
+        nxt = trigger.get_next_fire_time(nxt, now)
+    return due, nxt
+
+
 def epoch_ms(when: datetime) -> int:
     return round(when.timestamp() * 1000)
 

@@ -30,7 +30,7 @@ from singleton.abc import LeaseBackend
 from singleton.clock import Clock
 from singleton.elector import Elector
 from singleton.errors import LeaseLostError, SingletonError
-from singleton.jobs_context import JobContext, JobStatus, epoch_ms
+from singleton.jobs_context import JobContext, JobStatus, due_fire_times, epoch_ms
 from singleton.leadership import Leadership
 from singleton.retry import Backoff
 
@@ -131,14 +131,13 @@ class FireRunner:
             if ld is None or not ld.valid() or not job.accepting or self._stopping.is_set():
                 return []
         now = self.now()
-        due: list[datetime] = []
-        nxt = aps.trigger.get_next_fire_time(after, now)
-        while nxt is not None and nxt <= now:
-            fire = nxt.astimezone(timezone.utc)
-            if not any(start <= fire < end for start, end in calls):
-                due.append(fire)
-            nxt = aps.trigger.get_next_fire_time(nxt, now)
-        return due[-1:] if aps.coalesce else due
+        due, _ = due_fire_times(aps.trigger, aps.trigger.get_next_fire_time(after, now), now)
+        held = [
+            fire.astimezone(timezone.utc)
+            for fire in due
+            if not any(start <= fire < end for start, end in calls)
+        ]
+        return held[-1:] if aps.coalesce else held
 
     def _missed(self, job: JobState, missed: list[datetime]) -> None:
         """One line for a run of missed fire times (a wall clock that jumped may miss many)."""
