@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from listeners.elasticsearch.transport import Transport as EsTransport
-from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
-from singleton.service.embedded import ElasticServer, MongoServer, RedisServer
+from singleton.service.dev.cluster import ReplicaProcess, child_environment, singleton_command
+from singleton.service.dev.embedded import ElasticServer, MongoServer, RedisServer
 
 
 def pct(values: list[float], q: float) -> float:

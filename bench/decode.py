@@ -35,7 +35,7 @@ from listeners.elasticsearch.versioning import EventVersioner
 N = 20_000
 PASSES = 7
 BATCH = 1000
-#: As :func:`singleton.mongo.client` decodes (tz-aware datetimes).
+#: As :func:`singleton.drivers.mongo.client` decodes (tz-aware datetimes).
 CODEC = CodecOptions(tz_aware=True)
 
 

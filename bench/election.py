@@ -23,10 +23,10 @@ from typing import Any
 
 from loguru import logger
 
-from singleton.backends.redis import RedisLeaseBackend
-from singleton.elector import Elector
-from singleton.leadership import Leadership
-from singleton.service.embedded import RedisServer
+from singleton.election.elector import Elector
+from singleton.election.leadership import Leadership
+from singleton.lease.redis import RedisLeaseBackend
+from singleton.service.dev.embedded import RedisServer
 
 ROTATIONS = 50
 CRASHES = 10

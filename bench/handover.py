@@ -31,9 +31,9 @@ from typing import Any
 import pymongo
 
 from bench._support import paced_writer, pct, start_servers, three_replicas
-from singleton.backends.redis import RedisLeaseBackend
 from singleton.errors import SingletonError
-from singleton.service.embedded import wait_until
+from singleton.lease.redis import RedisLeaseBackend
+from singleton.service.dev.embedded import wait_until
 
 LEASE = "bench-handover"
 ROUNDS = int(os.environ.get("BENCH_HANDOVER_ROUNDS", "15"))

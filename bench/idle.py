@@ -27,8 +27,8 @@ import pymongo
 from bench._support import cpu_seconds, embedded_urls, es_count, pct
 from bench.stream import _config
 from listeners.elasticsearch.transport import connect
-from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
-from singleton.service.embedded import wait_until
+from singleton.service.dev.cluster import ReplicaProcess, child_environment, singleton_command
+from singleton.service.dev.embedded import wait_until
 
 IDLE_S = float(os.environ.get("BENCH_IDLE_SECONDS", "20"))
 EVENTS = 10

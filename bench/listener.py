@@ -18,7 +18,7 @@ import pymongo
 from listeners import ChangeStreamListener, ListenerContext, ListenerRunner, MongoCheckpointStore
 from listeners.base import ChangeEvent
 from singleton import Elector
-from singleton.service.embedded import MongoServer
+from singleton.service.dev.embedded import MongoServer
 from singleton.testing import MemoryLeaseBackend
 
 EVENTS = 20_000

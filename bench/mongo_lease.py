@@ -23,9 +23,9 @@ from typing import Any
 import pymongo
 from loguru import logger
 
-from singleton.backends.mongo import MongoLeaseBackend
-from singleton.elector import Elector
-from singleton.service.embedded import MongoServer
+from singleton.election.elector import Elector
+from singleton.lease.mongo import MongoLeaseBackend
+from singleton.service.dev.embedded import MongoServer
 
 Doc = dict[str, Any]
 CONTENDERS = 8

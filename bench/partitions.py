@@ -38,10 +38,10 @@ import pymongo
 
 from bench._support import cpu_seconds, es_count, start_servers
 from listeners.elasticsearch.transport import connect
-from listeners.partition import layout_names, partition_of
-from singleton.backends.redis import RedisLeaseBackend
-from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
-from singleton.service.embedded import wait_until
+from listeners.stream.partition import layout_names, partition_of
+from singleton.lease.redis import RedisLeaseBackend
+from singleton.service.dev.cluster import ReplicaProcess, child_environment, singleton_command
+from singleton.service.dev.embedded import wait_until
 
 N = int(os.environ.get("BENCH_PARTITIONS_N", "10000"))
 #: ``K:R`` pairs, comma-separated (default: K = 1, 2, 4 on 1 and on 3 replicas).

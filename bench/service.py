@@ -20,8 +20,8 @@ from typing import Any
 import pymongo
 
 from bench._support import paced_writer, pct, rss_mb, start_servers, three_replicas
-from singleton.backends.redis import RedisLeaseBackend
-from singleton.service.embedded import wait_until
+from singleton.lease.redis import RedisLeaseBackend
+from singleton.service.dev.embedded import wait_until
 
 LEASE = "bench-orders"
 ROUNDS = 10

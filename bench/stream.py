@@ -38,9 +38,9 @@ import pymongo
 from bench._support import cpu_seconds, embedded_urls, es_count
 from bench.sync import _bulk_raw, _read_stream
 from listeners.elasticsearch.transport import connect
-from singleton.mongo import cluster_time
-from singleton.service.cluster import ReplicaProcess, child_environment, singleton_command
-from singleton.service.embedded import wait_until
+from singleton.drivers.mongo import cluster_time
+from singleton.service.dev.cluster import ReplicaProcess, child_environment, singleton_command
+from singleton.service.dev.embedded import wait_until
 
 SMALL = int(os.environ.get("BENCH_STREAM_N", "40000"))
 #: Extra TOML lines for the listener (to compare settings, e.g. ``pipelined = false``).

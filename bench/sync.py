@@ -32,9 +32,9 @@ from listeners.elasticsearch.documents import doc_id, source_of
 from listeners.elasticsearch.transport import EsTransport, connect
 from listeners.elasticsearch.versioning import EventVersioner
 from singleton.clock import SYSTEM_CLOCK
-from singleton.leadership import Leadership
-from singleton.mongo import cluster_time
-from singleton.service.embedded import ElasticServer, MongoServer
+from singleton.drivers.mongo import cluster_time
+from singleton.election.leadership import Leadership
+from singleton.service.dev.embedded import ElasticServer, MongoServer
 from singleton.testing import MemoryLeaseBackend
 
 DOCS = 6000

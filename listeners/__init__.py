@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from listeners.base import ChangeStreamListener, ListenerContext
-from listeners.checkpoint import (
+from listeners.checkpoints.stores import (
     Checkpoint,
     CheckpointStore,
     MongoCheckpointStore,
     RedisCheckpointStore,
     check_deployment,
 )
-from listeners.deadletter import DeadLetterStore, PoisonEventError
+from listeners.deadletters import DeadLetterStore, PoisonEventError
 from listeners.elasticsearch import ElasticsearchSync as ElasticsearchSync
 from listeners.logging import LoggingListener
-from listeners.runner import ListenerRunner
-from listeners.status import RunnerStatus, TenureOutcome
+from listeners.runtime.runner import ListenerRunner
+from listeners.runtime.status import RunnerStatus, TenureOutcome
 
 __all__ = [
     "ChangeStreamListener",

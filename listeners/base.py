@@ -1,7 +1,8 @@
 """The class users subclass: a MongoDB change-stream listener that runs only while elected.
 
 Subclass :class:`ChangeStreamListener`, implement :meth:`~ChangeStreamListener.handle_batch`, and
-hand it to a runner (``listeners.runner.ListenerRunner``) or to ``singleton run``. The runner
+hand it to a runner (``listeners.runtime.runner.ListenerRunner``) or to ``singleton run``. The
+runner
 opens the stream where the previous leader's checkpoint says, calls ``handle_batch`` with events in
 oplog order, and saves the resume token only after ``handle_batch`` returned: a batch is
 acknowledged by returning, so a listener that buffers must flush before it returns.
@@ -20,14 +21,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args
 
 from loguru import logger as _logger
 
-from listeners.partition import Partition
+from listeners.stream.partition import Partition
 from singleton.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from loguru import Logger
     from pymongo import MongoClient
 
-    from singleton.leadership import Leadership
+    from singleton.election.leadership import Leadership
 
 #: A change event as pymongo returns it (``_id`` is the event's resume token).
 ChangeEvent = Mapping[str, Any]
@@ -55,7 +56,7 @@ class ProgressStore(Protocol):
 
 
 class DeadLetterSink(Protocol):
-    """Where events that cannot be handled are recorded (:class:`~listeners.deadletter.
+    """Where events that cannot be handled are recorded (:class:`~listeners.deadletters.
     DeadLetterStore`)."""
 
     def put(
@@ -97,7 +98,7 @@ class ListenerContext:
     def handing_over(self) -> bool:
         """True once a planned handover (SIGTERM, rotation) began. The drain waits for the act
         in hand only briefly; an act that waits on its sink may stop early by raising
-        :class:`listeners.handover.HandoverInterrupted`: what it had not finished is not
+        :class:`listeners.runtime.handover.HandoverInterrupted`: what it had not finished is not
         acknowledged, and the successor replays it."""
         return self.draining is not None and self.draining.is_set()
 
@@ -138,7 +139,7 @@ class ChangeStreamListener:
     on_poison: PoisonPolicy = "dead_letter"
     max_retries: int = 3
     #: Set by the service for ``partitions = K``: this instance handles one partition's events
-    #: (:mod:`listeners.partition`) under its own lease and checkpoint.
+    #: (:mod:`listeners.stream.partition`) under its own lease and checkpoint.
     partition: Partition | None = None
 
     #: Keyword arguments accepted besides the options above (subclasses extend it).
@@ -229,8 +230,8 @@ class ChangeStreamListener:
     # -- pipelining (optional) ---------------------------------------------------------------
     # A sink that keeps writes in flight after handle_batch returned (ElasticsearchSync's
     # window) overrides both; the runner then checkpoints only what they report
-    # (listeners.pipelining). The invariant stays: a position is saved only once the sink
-    # acknowledged every event before it.
+    # (listeners.checkpoints.pipelining). The invariant stays: a position is saved only once the
+    # sink acknowledged every event before it.
     def next_batch_size(self) -> int:
         """How many events the next batch may hold; the runner asks as each batch starts.
         Default ``batch_size``; a sink may adapt it to what it measures (``ElasticsearchSync``
@@ -271,7 +272,7 @@ class ChangeStreamListener:
         """The stage that makes every change event small enough to read, used when one over
         16 MB failed the stream (BSONObjectTooLarge): the runner then reads on from the last
         checkpoint with this stage added to :attr:`pipeline` (before a
-        ``$changeStreamSplitLargeEvent`` stage), for a while (:mod:`listeners.large_events`).
+        ``$changeStreamSplitLargeEvent`` stage), for a while (:mod:`listeners.stream.large_events`).
         The events of that while arrive without these fields: complete them (ElasticsearchSync
         looks the document up) or do without."""
         return {

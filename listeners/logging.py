@@ -2,7 +2,7 @@
 
 from listeners import ListenerRunner, LoggingListener
 from singleton import Elector
-from singleton.backends.redis import RedisLeaseBackend
+from singleton.lease.redis import RedisLeaseBackend
 
 listener = LoggingListener(database="shop", collection="orders")
 elector = Elector(RedisLeaseBackend("redis://localhost"), listener.lease_name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from singleton.service.drill import main
+from singleton.service.drill.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

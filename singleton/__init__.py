@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from singleton.abc import Lease, LeaseBackend, LeaseState
 from singleton.clock import Clock, SystemClock
-from singleton.elector import ElectionTimeoutError, Elector
+from singleton.election.elector import ElectionTimeoutError, Elector
+from singleton.election.leadership import Leadership
 from singleton.errors import (
     BackendError,
     BackendUnavailableError,
@@ -22,13 +22,13 @@ from singleton.errors import (
     SinkError,
     StaleWriterError,
 )
-from singleton.leadership import Leadership
+from singleton.lease.contract import Lease, LeaseBackend, LeaseState
 
 if TYPE_CHECKING:
-    from singleton.backends.mongo import MongoLeaseBackend
-    from singleton.backends.redis import RedisLeaseBackend
-    from singleton.jobs import LeaderScheduler
-    from singleton.jobs_context import JobContext
+    from singleton.jobs.context import JobContext
+    from singleton.jobs.scheduler import LeaderScheduler
+    from singleton.lease.mongo import MongoLeaseBackend
+    from singleton.lease.redis import RedisLeaseBackend
 
 __all__ = [
     "BackendError",
@@ -57,10 +57,10 @@ __all__ = [
 __version__ = "0.1.0"
 
 _LAZY = {
-    "RedisLeaseBackend": "singleton.backends.redis",
-    "MongoLeaseBackend": "singleton.backends.mongo",
-    "LeaderScheduler": "singleton.jobs",
-    "JobContext": "singleton.jobs_context",
+    "RedisLeaseBackend": "singleton.lease.redis",
+    "MongoLeaseBackend": "singleton.lease.mongo",
+    "LeaderScheduler": "singleton.jobs.scheduler",
+    "JobContext": "singleton.jobs.context",
 }
 
 

@@ -1,5 +1,5 @@
 """Test doubles for singleton and for code built on it: a controllable clock and an in-memory
-lease backend that keeps the full :class:`~singleton.abc.LeaseBackend` contract.
+lease backend that keeps the full :class:`~singleton.lease.contract.LeaseBackend` contract.
 
     clock = FakeClock()
     backend = MemoryLeaseBackend(clock=clock)
@@ -14,7 +14,9 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from singleton.abc import (
+from singleton.balance.membership import MemoryMembership
+from singleton.clock import SYSTEM_CLOCK, Clock
+from singleton.lease.contract import (
     FireClaim,
     Lease,
     LeaseBackend,
@@ -23,9 +25,7 @@ from singleton.abc import (
     validate_facts,
     validate_lease_args,
 )
-from singleton.backends._notify import ReleaseNotifier
-from singleton.clock import SYSTEM_CLOCK, Clock
-from singleton.membership import MemoryMembership
+from singleton.lease.notify import ReleaseNotifier
 
 
 class FakeClock:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from singleton.abc import LeaseBackend
-from singleton.service.embedded import ElasticServer, MongoServer, RedisServer
+from singleton.lease.contract import LeaseBackend
+from singleton.service.dev.embedded import ElasticServer, MongoServer, RedisServer
 from singleton.testing import MemoryLeaseBackend
 
 #: The Hypothesis state machines drive stores whose calls take what they take: no deadline per
@@ -88,7 +88,7 @@ def unique() -> str:
 def _fakeredis(request: pytest.FixtureRequest, unique: str) -> LeaseBackend:
     import fakeredis
 
-    from singleton.backends.redis import RedisLeaseBackend
+    from singleton.lease.redis import RedisLeaseBackend
 
     # FakeRedis() instances do not share data: one FakeServer per test plays the server.
     server = getattr(request.node, "_singleton_fakeredis", None)
@@ -99,13 +99,13 @@ def _fakeredis(request: pytest.FixtureRequest, unique: str) -> LeaseBackend:
 
 
 def _redis(request: pytest.FixtureRequest, unique: str) -> LeaseBackend:
-    from singleton.backends.redis import RedisLeaseBackend
+    from singleton.lease.redis import RedisLeaseBackend
 
     return RedisLeaseBackend(request.getfixturevalue("redis_url"), namespace=f"t{unique}")
 
 
 def _mongo(request: pytest.FixtureRequest, unique: str) -> LeaseBackend:
-    from singleton.backends.mongo import MongoLeaseBackend
+    from singleton.lease.mongo import MongoLeaseBackend
 
     return MongoLeaseBackend(request.getfixturevalue("mongo_url"), database=f"t{unique}")
 

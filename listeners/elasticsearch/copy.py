@@ -35,7 +35,7 @@ from pymongo.errors import OperationFailure
 
 from listeners.elasticsearch.bulk import BulkItem, BulkWriter
 from listeners.elasticsearch.versioning import timestamp_version
-from singleton import mongo
+from singleton.drivers import mongo
 
 if TYPE_CHECKING:
     from listeners.base import ChangeEvent, ListenerContext

@@ -1,5 +1,5 @@
 """Bulk items Elasticsearch will never accept (mapping errors, other 4xx), recorded in the shared
-dead-letter store (:class:`listeners.deadletter.DeadLetterStore`, ``singleton.dead_letters``) so
+dead-letter store (:class:`listeners.deadletters.DeadLetterStore`, ``singleton.dead_letters``) so
 that the stream never blocks on them. One record per item (a replayable change event without its
 document, when it came from the stream; copy rejections have no event to replay); the ``event``
 field holds what an operator needs to replay it once the mapping is fixed: index, ``_id``, version,
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from listeners.elasticsearch.bulk import BulkItem, DeadLetter
 from listeners.elasticsearch.ids import bson_id_of
+from singleton.drivers.mongo import token_time
 from singleton.errors import SinkError
-from singleton.mongo import token_time
 
 if TYPE_CHECKING:
     from listeners.base import DeadLetterSink, ListenerContext

@@ -1,6 +1,7 @@
 """A partitioned ``ElasticsearchSync`` (``partitions = K``): K leaders share one index.
 
-Each partition mirrors only its own documents (:mod:`listeners.partition`), so an initial sync or
+Each partition mirrors only its own documents (:mod:`listeners.stream.partition`), so an initial
+sync or
 a resync of one partition must not rebuild the index behind the alias the way an unpartitioned
 listener does: that would drop the other partitions' documents. A partition therefore copies its
 documents **in place**, into the live index, with the copy's external versions (which never
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from listeners.partition import Partition
+from listeners.stream.partition import Partition
 from singleton.errors import SinkUnavailableError
 
 if TYPE_CHECKING:

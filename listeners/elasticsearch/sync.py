@@ -50,7 +50,7 @@ from listeners.base import (
     ListenerContext,
     StopReason,
 )
-from listeners.deadletter import DeadLetterStore
+from listeners.deadletters import DeadLetterStore
 from listeners.elasticsearch import fragments, partitioned
 from listeners.elasticsearch.adaptive import BatchSizer, sizer_for
 from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkStats, BulkWriter, DeadLetter
@@ -68,7 +68,7 @@ from listeners.elasticsearch.options import check_numbers
 from listeners.elasticsearch.transport import Transport, describe, listener_transport
 from listeners.elasticsearch.versioning import EventVersioner, first_seq_at
 from listeners.elasticsearch.window import BulkWindow
-from singleton import mongo
+from singleton.drivers import mongo
 from singleton.errors import ConfigurationError
 
 _WRITES = frozenset({"insert", "replace", "update", "delete"})
@@ -129,7 +129,7 @@ class ElasticsearchSync(ChangeStreamListener):
     #: The lease TTL and a safety factor, for ``gc_deletes`` (see the module docstring).
     ttl: float = 15.0
     gc_safety_factor: float = 4.0
-    #: A :class:`~listeners.deadletter.DeadLetterStore` (default: the runner's,
+    #: A :class:`~listeners.deadletters.DeadLetterStore` (default: the runner's,
     #: ``ctx.dead_letters``, else ``singleton.dead_letters`` on the listener's client), or
     #: anything with ``put(letters, ctx)``.
     dead_letters: Any = None

@@ -36,8 +36,8 @@ from typing import Any
 import bson
 from bson.timestamp import Timestamp
 
+from singleton.drivers.mongo import TOKEN_S_INT32, TOKEN_T_STAMP, event_time, token_clock
 from singleton.errors import SinkError
-from singleton.mongo import TOKEN_S_INT32, TOKEN_T_STAMP, event_time, token_clock
 
 #: 2020-01-01T00:00:00Z. Cluster times before it cannot be encoded.
 EPOCH = 1_577_836_800

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from listeners.base import Acknowledged
 from listeners.elasticsearch.bulk import BulkItem, BulkWriter, Check, Wait
-from listeners.handover import HandoverInterrupted
+from listeners.runtime.handover import HandoverInterrupted
 from singleton.errors import LeaseLostError, SinkRejectedError, SinkUnavailableError
 
 __all__ = ["BulkWindow"]

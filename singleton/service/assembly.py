@@ -6,12 +6,12 @@ from __future__ import annotations
 from loguru import logger
 
 from listeners.base import ChangeStreamListener
-from listeners.partition import Partition
-from singleton.abc import LeaseBackend
-from singleton.balance import Balancer
+from listeners.stream.partition import Partition
+from singleton.balance.balancer import Balancer
 from singleton.errors import ConfigurationError, SingletonError
-from singleton.jobs import LeaderScheduler
-from singleton.jobs_context import make_trigger
+from singleton.jobs.context import make_trigger
+from singleton.jobs.scheduler import LeaderScheduler
+from singleton.lease.contract import LeaseBackend
 from singleton.redact import redact
 from singleton.service.config import Config, ListenerConfig
 from singleton.service.registry import job_function, listener_kind
@@ -86,7 +86,7 @@ def warn_without_persistence(redis_url: str) -> None:
     doubt)."""
     import redis
 
-    from singleton.backends.redis_client import client_from_url
+    from singleton.drivers.redis import client_from_url
 
     # Under Sentinel this asks the current master (replicas should persist alike; not checked).
     client = client_from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)

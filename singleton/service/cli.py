@@ -235,8 +235,8 @@ def _verify_line(r: Any) -> str:
 def cmd_dead_letters(args: argparse.Namespace) -> int:
     """``list`` prints them; ``replay`` marks them for the running leader, which re-delivers
     them through the listener's path (with their original versions); ``purge`` deletes them."""
-    from listeners.deadletter import DeadLetterStore
-    from singleton import mongo
+    from listeners.deadletters import DeadLetterStore
+    from singleton.drivers import mongo
     from singleton.service.assembly import build_listeners
 
     config = config_from_args(args)
@@ -271,7 +271,7 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 
 
 def cmd_dev_servers(args: argparse.Namespace) -> int:
-    from singleton.service.devservers import run_dev_servers
+    from singleton.service.dev.servers import run_dev_servers
 
     return run_dev_servers(
         lambda text: print(text, flush=True),  # noqa: T201
@@ -281,7 +281,7 @@ def cmd_dev_servers(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from singleton.service.demo import run_demo
+    from singleton.service.dev.demo import run_demo
 
     return int(
         run_demo(
@@ -295,7 +295,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from singleton.service.drill import main as drill_main
+    from singleton.service.drill.cli import main as drill_main
 
     rest = list(args.args)
     return int(drill_main(rest[1:] if rest[:1] == ["--"] else rest))

@@ -29,12 +29,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 
-from listeners.status import sink_bytes, sink_error_counts
+from listeners.runtime.status import sink_bytes, sink_error_counts
 from singleton.errors import SingletonError
 from singleton.latency import LatencySnapshot
 
 if TYPE_CHECKING:
-    from singleton.balance import Balancer
+    from singleton.balance.balancer import Balancer
     from singleton.service.replica import Replica
 
 #: Status attributes exported as metrics, keyed by the label naming their subject (a listener's

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from listeners.base import ChangeStreamListener
-from listeners.checkpoint import CheckpointStore, MongoCheckpointStore, RedisCheckpointStore
+from listeners.checkpoints.stores import CheckpointStore, MongoCheckpointStore, RedisCheckpointStore
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.logging import LoggingListener
-from singleton.abc import LeaseBackend
-from singleton.backends.mongo import MongoLeaseBackend
-from singleton.backends.redis import RedisLeaseBackend
 from singleton.errors import ConfigurationError
+from singleton.lease.contract import LeaseBackend
+from singleton.lease.mongo import MongoLeaseBackend
+from singleton.lease.redis import RedisLeaseBackend
 
 if TYPE_CHECKING:
     from singleton.service.config import Config

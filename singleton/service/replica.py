@@ -20,17 +20,17 @@ from typing import Any
 
 from loguru import logger
 
-from listeners.audit import AuditLog
 from listeners.base import ChangeStreamListener
-from listeners.checkpoint import CheckpointStore, check_deployment
-from listeners.deadletter import DeadLetterStore
-from listeners.partition_seed import seed_partitions
-from listeners.runner import ListenerRunner
-from singleton import mongo
-from singleton.abc import LeaseBackend
-from singleton.balance import Balancer
-from singleton.elector import Elector, default_identity
+from listeners.checkpoints.stores import CheckpointStore, check_deployment
+from listeners.deadletters import DeadLetterStore
+from listeners.runtime.audit import AuditLog
+from listeners.runtime.runner import ListenerRunner
+from listeners.stream.partition_seed import seed_partitions
+from singleton.balance.balancer import Balancer
+from singleton.drivers import mongo
+from singleton.election.elector import Elector, default_identity
 from singleton.errors import BackendUnavailableError, ConfigurationError
+from singleton.lease.contract import LeaseBackend
 from singleton.service.assembly import (
     build_scheduler,
     placed_listeners,
@@ -199,7 +199,8 @@ class Replica:
 
     def _seed_partitions(self, store: CheckpointStore) -> None:
         """After ``partitions`` changed, start the new layout from the old one's oldest
-        checkpoint (:func:`listeners.partition.seed_partitions`); refuses (exit 2) while the old
+        checkpoint (:func:`listeners.stream.partition.seed_partitions`); refuses (exit 2) while the
+        old
         layout still runs somewhere."""
         seen = set()
         for listener, lc in self._placed:

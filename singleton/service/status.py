@@ -16,11 +16,11 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from singleton import mongo
-from singleton.abc import LeaseBackend, Member
-from singleton.balance import DEFAULT_GROUP, share_of
+from singleton.balance.balancer import DEFAULT_GROUP, share_of
+from singleton.drivers import mongo
 from singleton.errors import SingletonError
-from singleton.jobs_context import from_ms, make_trigger, next_fire_after
+from singleton.jobs.context import from_ms, make_trigger, next_fire_after
+from singleton.lease.contract import LeaseBackend, Member
 from singleton.redact import redact
 from singleton.service.assembly import build_listeners
 from singleton.service.config import Config, JobConfig

@@ -26,7 +26,7 @@ from listeners.elasticsearch import Diff, ElasticsearchSync, compare
 from listeners.elasticsearch.documents import doc_id, source_of
 from listeners.elasticsearch.transport import Transport, make_transport, path_index
 from listeners.elasticsearch.versioning import timestamp_version
-from singleton import mongo
+from singleton.drivers import mongo
 from singleton.errors import ConfigurationError, SinkError
 from singleton.service.assembly import build_listeners
 from singleton.service.config import Config

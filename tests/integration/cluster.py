@@ -9,7 +9,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from singleton.service.cluster import child_environment, singleton_command
+from singleton.service.dev.cluster import child_environment, singleton_command
 
 ROOT = Path(__file__).resolve().parents[2]
 

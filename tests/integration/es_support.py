@@ -14,8 +14,8 @@ import pymongo
 from bson.timestamp import Timestamp
 
 from listeners.base import ChangeStreamListener, ListenerContext, default_logger
-from singleton.leadership import Leadership
-from singleton.service.embedded import MongoServer
+from singleton.election.leadership import Leadership
+from singleton.service.dev.embedded import MongoServer
 from singleton.testing import FakeClock, MemoryLeaseBackend
 
 MARKER = "~marker"

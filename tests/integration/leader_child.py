@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from singleton.backends.redis import RedisLeaseBackend
-from singleton.elector import Elector
-from singleton.leadership import Leadership
+from singleton.election.elector import Elector
+from singleton.election.leadership import Leadership
+from singleton.lease.redis import RedisLeaseBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 _out = threading.Lock()

@@ -18,12 +18,12 @@ from loguru import logger
 
 from listeners import Checkpoint, ListenerRunner, MongoCheckpointStore
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext
-from listeners.checkpoint import CheckpointStore
-from listeners.deadletter import DeadLetterStore
-from listeners.status import RunnerState, RunnerStatus
+from listeners.checkpoints.stores import CheckpointStore
+from listeners.deadletters import DeadLetterStore
+from listeners.runtime.status import RunnerState, RunnerStatus
 from singleton import Elector
-from singleton.abc import LeaseBackend
-from singleton.service.embedded import wait_until
+from singleton.lease.contract import LeaseBackend
+from singleton.service.dev.embedded import wait_until
 from singleton.testing import MemoryLeaseBackend
 
 

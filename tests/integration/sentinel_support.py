@@ -27,8 +27,8 @@ from urllib.parse import quote
 import redis
 
 from singleton.errors import BackendUnavailableError
-from singleton.service.embedded import EmbeddedServer, RedisServer, wait_until
-from singleton.service.ports import listens
+from singleton.service.dev.embedded import EmbeddedServer, RedisServer, wait_until
+from singleton.service.dev.ports import listens
 
 SERVICE = "singleton-test"
 DOWN_AFTER_MS = 1000

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from singleton.abc import LeaseBackend
-from singleton.balance import DEFAULT_GROUP
+from singleton.balance.balancer import DEFAULT_GROUP
+from singleton.lease.contract import LeaseBackend
 from singleton.service.config import Config
-from singleton.service.embedded import wait_until
+from singleton.service.dev.embedded import wait_until
 from singleton.service.registry import make_backend
 from tests.integration.cluster import ReplicaProc, status_json, store_args
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from singleton.abc import FireClaim, Lease, LeaseBackend, LeaseState
-from singleton.backends.mongo import MongoLeaseBackend
-from singleton.backends.redis import RedisLeaseBackend
-from singleton.elector import Elector
+from singleton.election.elector import Elector
+from singleton.election.leadership import Leadership
 from singleton.errors import ConfigurationError
-from singleton.leadership import Leadership
-from singleton.service.embedded import wait_until
+from singleton.lease.contract import FireClaim, Lease, LeaseBackend, LeaseState
+from singleton.lease.mongo import MongoLeaseBackend
+from singleton.lease.redis import RedisLeaseBackend
+from singleton.service.dev.embedded import wait_until
 from singleton.testing import MemoryLeaseBackend
 from tests.conftest import BACKENDS
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from listeners.base import ChangeEvent
 from singleton.service.cli import main
-from singleton.service.embedded import wait_until
+from singleton.service.dev.embedded import wait_until
 from tests.integration.listener_support import Scene, wait_state
 
 
@@ -86,7 +86,7 @@ def test_an_unknown_listener_is_bad_input(mongo_url: str, unique: str, tmp_path:
 def test_a_record_that_is_no_change_event_is_kept_for_verify_repair(
     mongo_url: str, unique: str
 ) -> None:
-    from listeners.deadletter import DeadLetterStore, Replayer
+    from listeners.deadletters import DeadLetterStore, Replayer
     from singleton.testing import FakeClock
 
     scene = Scene.on(mongo_url, unique)

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from singleton.errors import BackendUnavailableError
-from singleton.service.embedded import ElasticServer, EmbeddedServer, MongoServer, RedisServer
-from singleton.service.ports import listens
+from singleton.service.dev.embedded import ElasticServer, EmbeddedServer, MongoServer, RedisServer
+from singleton.service.dev.ports import listens
 
 KINDS = [RedisServer, MongoServer, ElasticServer]
 

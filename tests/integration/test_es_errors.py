@@ -12,11 +12,11 @@ from typing import Any
 import pymongo
 import pytest
 
-from listeners.deadletter import DeadLetterStore, PoisonHandler
+from listeners.deadletters import DeadLetterStore, PoisonHandler
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.verify import compare
+from singleton.drivers.mongo import cluster_time
 from singleton.errors import SinkRejectedError, SinkUnavailableError
-from singleton.mongo import cluster_time
 from tests.integration import es_support
 from tests.integration.es_proxy import FORBIDDEN
 from tests.integration.proxy import TcpProxy

@@ -7,10 +7,10 @@ from typing import Any
 
 import pymongo
 
-from listeners.deadletter import DeadLetterStore
+from listeners.deadletters import DeadLetterStore
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.verify import compare
-from singleton.mongo import cluster_time
+from singleton.drivers.mongo import cluster_time
 from tests.integration import es_support
 from tests.integration.es_proxy import BulkRejectingProxy
 

@@ -12,8 +12,8 @@ import pytest
 
 from listeners.base import ListenerContext
 from listeners.elasticsearch import ElasticsearchSync
-from listeners.handover import HandoverInterrupted
-from singleton.mongo import cluster_time
+from listeners.runtime.handover import HandoverInterrupted
+from singleton.drivers.mongo import cluster_time
 from tests.integration import es_support
 from tests.integration.es_proxy import BulkHoldingProxy
 

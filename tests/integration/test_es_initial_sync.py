@@ -11,11 +11,11 @@ from typing import Any
 import pymongo
 import pytest
 
-from listeners.checkpoint import MongoCheckpointStore
+from listeners.checkpoints.stores import MongoCheckpointStore
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.verify import compare
+from singleton.drivers.mongo import cluster_time
 from singleton.errors import LeaseLostError
-from singleton.mongo import cluster_time
 from tests.integration import es_support
 
 DOCS = 20_000

@@ -11,7 +11,7 @@ import pymongo
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.fragments import SPLIT_STAGE, supports_split
 from listeners.elasticsearch.verify import compare
-from singleton.mongo import cluster_time
+from singleton.drivers.mongo import cluster_time
 from tests.integration import es_support
 
 

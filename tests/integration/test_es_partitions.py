@@ -18,9 +18,9 @@ from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.ids import doc_id
 from listeners.elasticsearch.transport import connect
 from listeners.elasticsearch.verify import compare, es_documents
-from listeners.partition import Partition, partition_of
+from listeners.stream.partition import Partition, partition_of
 from singleton.errors import SinkUnavailableError
-from singleton.service.embedded import wait_until
+from singleton.service.dev.embedded import wait_until
 from tests.integration import es_support
 from tests.integration.cluster import TIMINGS, ReplicaProc, status_json
 

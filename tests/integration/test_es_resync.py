@@ -11,12 +11,12 @@ from typing import Any
 
 import pymongo
 
-from listeners.deadletter import DeadLetterStore
+from listeners.deadletters import DeadLetterStore
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.ids import doc_id
 from listeners.elasticsearch.transport import Transport, connect
 from listeners.elasticsearch.verify import compare, es_documents
-from singleton.mongo import cluster_time
+from singleton.drivers.mongo import cluster_time
 from tests.integration import es_support
 
 

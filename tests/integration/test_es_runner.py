@@ -8,12 +8,12 @@ from urllib.parse import quote
 
 import pymongo
 
-from listeners.checkpoint import MongoCheckpointStore
+from listeners.checkpoints.stores import MongoCheckpointStore
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.ids import doc_id
 from listeners.elasticsearch.transport import connect
 from listeners.elasticsearch.verify import compare
-from singleton.service.embedded import wait_until
+from singleton.service.dev.embedded import wait_until
 from singleton.testing import MemoryLeaseBackend
 from tests.integration import es_support
 from tests.integration.listener_support import make_runner

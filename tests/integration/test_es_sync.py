@@ -14,8 +14,8 @@ import pytest
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.transport import EsUnavailableError, connect
 from listeners.elasticsearch.verify import compare, es_documents
+from singleton.drivers.mongo import cluster_time
 from singleton.errors import ConfigurationError, LeaseLostError
-from singleton.mongo import cluster_time
 from tests.integration import es_support
 
 

@@ -15,8 +15,8 @@ import pytest
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.transport import connect
 from listeners.elasticsearch.verify import compare
+from singleton.drivers.mongo import cluster_time
 from singleton.errors import SinkRejectedError
-from singleton.mongo import cluster_time
 from tests.integration import es_support
 
 WAIT = 60.0  # bounds every wait on an event: a hang fails the test instead of blocking it

@@ -14,12 +14,12 @@ import pytest
 import redis
 from bson.timestamp import Timestamp
 
-from listeners.checkpoint import CheckpointStore, RedisCheckpointStore
-from singleton.abc import LeaseBackend
-from singleton.backends.mongo import MongoLeaseBackend
-from singleton.backends.redis import RedisLeaseBackend
+from listeners.checkpoints.stores import CheckpointStore, RedisCheckpointStore
 from singleton.errors import BackendUnavailableError
-from singleton.service.embedded import wait_until
+from singleton.lease.contract import LeaseBackend
+from singleton.lease.mongo import MongoLeaseBackend
+from singleton.lease.redis import RedisLeaseBackend
+from singleton.service.dev.embedded import wait_until
 from singleton.testing import MemoryLeaseBackend
 from tests.integration.listener_support import (
     LogCapture,

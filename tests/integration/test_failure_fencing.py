@@ -21,7 +21,7 @@ from bson.timestamp import Timestamp
 
 from listeners import Checkpoint, CheckpointStore, MongoCheckpointStore, RedisCheckpointStore
 from singleton.errors import StaleWriterError
-from singleton.service.embedded import wait_until
+from singleton.service.dev.embedded import wait_until
 from tests.integration.listener_support import (
     LogCapture,
     Scene,

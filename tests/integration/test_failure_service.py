@@ -14,10 +14,10 @@ from typing import Any
 
 import pymongo
 
-from listeners.checkpoint import MongoCheckpointStore
+from listeners.checkpoints.stores import MongoCheckpointStore
 from singleton.errors import BackendUnavailableError
 from singleton.service.config import Config
-from singleton.service.embedded import MongoServer, free_port, wait_until
+from singleton.service.dev.embedded import MongoServer, free_port, wait_until
 from singleton.service.registry import make_backend
 from tests.integration.cluster import ReplicaProc, run_singleton, store_args
 

@@ -5,7 +5,7 @@ authentication ends the tenure at once (not retryable). Either way the lease is 
 
 from __future__ import annotations
 
-from singleton.service.embedded import MongoServer
+from singleton.service.dev.embedded import MongoServer
 from tests.integration.listener_support import (
     Scene,
     failed_lines,

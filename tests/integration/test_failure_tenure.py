@@ -12,7 +12,7 @@ import pytest
 
 from listeners.base import ListenerContext
 from singleton.errors import BackendUnavailableError
-from singleton.service.embedded import wait_until
+from singleton.service.dev.embedded import wait_until
 from tests.integration.listener_support import (
     LogCapture,
     Recorder,

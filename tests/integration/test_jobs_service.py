@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from singleton.abc import FireClaim, LeaseBackend
-from singleton.service.embedded import wait_until
+from singleton.lease.contract import FireClaim, LeaseBackend
+from singleton.service.dev.embedded import wait_until
 from tests.integration.cluster import ReplicaProc, status_json, store_args
 from tests.integration.job_support import RECORD_ENV, exactly_once_violations, read_runs
 from tests.integration.test_service import holder, lease_backend

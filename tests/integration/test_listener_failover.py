@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from singleton.errors import BackendUnavailableError
-from singleton.service.embedded import wait_until
+from singleton.service.dev.embedded import wait_until
 from tests.integration.listener_support import (
     Scene,
     Writer,

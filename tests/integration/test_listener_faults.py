@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from singleton.service.embedded import MongoServer, wait_until
+from singleton.service.dev.embedded import MongoServer, wait_until
 from tests.integration.listener_support import (
     Scene,
     Writer,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from singleton.service.embedded import MongoServer, wait_until
+from singleton.service.dev.embedded import MongoServer, wait_until
 from tests.integration.listener_support import LogCapture, Scene, SyncingRecorder, wait_state
 
 

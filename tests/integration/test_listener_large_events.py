@@ -11,9 +11,9 @@ from typing import Any
 from pymongo.errors import OperationFailure
 
 from listeners.base import ChangeEvent
-from listeners.large_events import reduced_pipeline
-from singleton.mongo import classify
-from singleton.service.embedded import MongoServer, wait_until
+from listeners.stream.large_events import reduced_pipeline
+from singleton.drivers.mongo import classify
+from singleton.service.dev.embedded import MongoServer, wait_until
 from tests.integration.listener_support import (
     LogCapture,
     Recorder,

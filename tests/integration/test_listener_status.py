@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from singleton.service.embedded import wait_until
+from singleton.service.dev.embedded import wait_until
 from singleton.service.metrics import RUNNER_METRICS, ReplicaCollector
 from singleton.service.replica import Hosted
 from tests.integration.listener_support import Scene, wait_state

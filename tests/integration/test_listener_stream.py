@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from singleton.service.embedded import MongoServer, wait_until
+from singleton.service.dev.embedded import MongoServer, wait_until
 from tests.integration.listener_support import Scene, wait_state
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from singleton.abc import LeaseBackend
 from singleton.errors import ConfigurationError
-from singleton.service.embedded import wait_until
+from singleton.lease.contract import LeaseBackend
+from singleton.service.dev.embedded import wait_until
 
 
 def test_heartbeat_makes_a_member_live_with_its_info(backend: LeaseBackend) -> None:

@@ -24,11 +24,11 @@ from typing import Any
 import pymongo
 import pytest
 
-from singleton.abc import Lease
-from singleton.backends.mongo import MongoLeaseBackend
-from singleton.elector import Elector
+from singleton.election.elector import Elector
 from singleton.errors import BackendUnavailableError, ConfigurationError, PermissionDeniedError
-from singleton.service.embedded import MongoServer, free_port, wait_until
+from singleton.lease.contract import Lease
+from singleton.lease.mongo import MongoLeaseBackend
+from singleton.service.dev.embedded import MongoServer, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "job"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pymongo
 import redis
 
-from singleton.service.cluster import child_environment, singleton_command
 from singleton.service.config import load_config
-from singleton.service.embedded import wait_until
+from singleton.service.dev.cluster import child_environment, singleton_command
+from singleton.service.dev.embedded import wait_until
 from tests.integration.cluster import run_singleton
 
 MODULE = """

@@ -23,11 +23,11 @@ from bson import ObjectId
 from bson.timestamp import Timestamp
 
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext
-from listeners.checkpoint import Checkpoint, MongoCheckpointStore
-from listeners.partition import layout_names, partition_of
-from listeners.partition_seed import seed_partitions
+from listeners.checkpoints.stores import Checkpoint, MongoCheckpointStore
+from listeners.stream.partition import layout_names, partition_of
+from listeners.stream.partition_seed import seed_partitions
 from singleton.errors import ConfigurationError
-from singleton.service.embedded import wait_until
+from singleton.service.dev.embedded import wait_until
 from tests.integration.cluster import ReplicaProc, status_json, store_args
 
 TIMINGS = [

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import redis
 
-from singleton.abc import Lease, LeaseBackend
-from singleton.backends.redis import RedisLeaseBackend
-from singleton.elector import Elector
+from singleton.election.elector import Elector
+from singleton.election.leadership import Leadership
 from singleton.errors import BackendUnavailableError, ConfigurationError, PermissionDeniedError
-from singleton.leadership import Leadership
-from singleton.service.embedded import RedisServer, free_port, wait_until
+from singleton.lease.contract import Lease, LeaseBackend
+from singleton.lease.redis import RedisLeaseBackend
+from singleton.service.dev.embedded import RedisServer, free_port, wait_until
 from tests.integration.leader_child import Child
 from tests.integration.proxy import TcpProxy
 from tests.unit.election_support import captured_logs, contend_times

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from singleton import Elector, Leadership
-from singleton.service.embedded import wait_until
+from singleton.service.dev.embedded import wait_until
 from tests.unit.election_support import contend_times
 
 

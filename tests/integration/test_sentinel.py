@@ -22,21 +22,21 @@ import pytest
 import redis
 from bson.timestamp import Timestamp
 
-from listeners.checkpoint import Checkpoint, RedisCheckpointStore
-from singleton.abc import Lease
-from singleton.backends.redis import RedisLeaseBackend
-from singleton.backends.redis_client import client_from_url, parse_sentinel_url
-from singleton.elector import Elector
+from listeners.checkpoints.stores import Checkpoint, RedisCheckpointStore
+from singleton.drivers.redis import client_from_url, parse_sentinel_url
+from singleton.election.elector import Elector
+from singleton.election.leadership import Leadership
 from singleton.errors import (
     BackendUnavailableError,
     ConfigurationError,
     PermissionDeniedError,
     StaleWriterError,
 )
-from singleton.leadership import Leadership
+from singleton.lease.contract import Lease
+from singleton.lease.redis import RedisLeaseBackend
 from singleton.service.assembly import warn_without_persistence
 from singleton.service.config import load_config
-from singleton.service.embedded import free_port, wait_until
+from singleton.service.dev.embedded import free_port, wait_until
 from tests.integration.sentinel_support import SERVICE, SentinelGroup
 from tests.integration.test_redis_backend import assert_release_observed
 from tests.unit.election_support import captured_logs

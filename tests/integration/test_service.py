@@ -13,9 +13,9 @@ from typing import Any
 import pymongo
 import pytest
 
-from singleton.abc import LeaseBackend
+from singleton.lease.contract import LeaseBackend
 from singleton.service.config import Config
-from singleton.service.embedded import free_port, wait_until
+from singleton.service.dev.embedded import free_port, wait_until
 from singleton.service.registry import make_backend
 from tests.integration.cluster import ReplicaProc, status_json, store_args
 

@@ -11,9 +11,9 @@ from typing import Any
 import pymongo
 from pymongo import monitoring
 
-from listeners.streams import Step, StreamReader
+from listeners.stream.reader import Step, StreamReader
 from singleton.clock import SYSTEM_CLOCK
-from singleton.mongo import cluster_time
+from singleton.drivers.mongo import cluster_time
 
 EVENTS = 23
 

@@ -11,8 +11,8 @@ from typing import Any
 from loguru import logger
 
 from singleton import Elector, Leadership
-from singleton.abc import Lease, LeaseBackend
 from singleton.errors import BackendUnavailableError, SingletonError
+from singleton.lease.contract import Lease, LeaseBackend
 from singleton.testing import FakeClock, MemoryLeaseBackend
 
 

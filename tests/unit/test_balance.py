@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from singleton.balance import Balancer, share_of
-from singleton.elector import Elector
+from singleton.balance.balancer import Balancer, share_of
+from singleton.balance.membership import Member, MemoryMembership
+from singleton.election.elector import Elector
 from singleton.errors import BackendUnavailableError
-from singleton.membership import Member, MemoryMembership
+from singleton.lease.timings import LeaseTimings
 from singleton.testing import FakeClock, MemoryLeaseBackend
-from singleton.timings import LeaseTimings
 
 TTL = 3.0
 STEP = 0.1

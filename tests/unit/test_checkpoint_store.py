@@ -21,12 +21,12 @@ from loguru import logger
 
 from listeners import Checkpoint, CheckpointStore, MongoCheckpointStore, RedisCheckpointStore
 from listeners.base import ChangeStreamListener, ListenerContext
-from listeners.checkpoint import check_deployment
-from listeners.checkpoint_policy import CheckpointPolicy
-from listeners.streams import token_time
-from singleton.abc import Lease
+from listeners.checkpoints.policy import CheckpointPolicy
+from listeners.checkpoints.stores import check_deployment
+from listeners.stream.reader import token_time
+from singleton.election.leadership import Leadership
 from singleton.errors import ConfigurationError, LeaseLostError, StaleWriterError
-from singleton.leadership import Leadership
+from singleton.lease.contract import Lease
 from singleton.testing import FakeClock
 
 

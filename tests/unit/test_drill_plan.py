@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from listeners.audit import AuditLog
 from listeners.elasticsearch.documents import doc_id
+from listeners.runtime.audit import AuditLog
 from singleton.errors import ConfigurationError
-from singleton.service.drill import build_parser, options_from
+from singleton.service.drill.cli import build_parser, options_from
 from singleton.service.drill.balance import (
     BalanceSample,
     FaultBalance,

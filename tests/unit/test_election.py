@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from singleton import ConfigurationError, Elector, Leadership, LeaseLostError
-from singleton.abc import Lease
-from singleton.callbacks import Callbacks
-from singleton.election import Election
-from singleton.elector import MAX_RETRY_BACKOFF, BeforeRelease
+from singleton.election.callbacks import Callbacks
+from singleton.election.elector import MAX_RETRY_BACKOFF, BeforeRelease
+from singleton.election.machine import Election
 from singleton.errors import PermissionDeniedError
+from singleton.lease.contract import Lease
+from singleton.lease.timings import LeaseTimings
 from singleton.retry import Backoff
 from singleton.testing import FakeClock
-from singleton.timings import LeaseTimings
 from tests.unit.election_support import (
     FlakyBackend,
     Recorder,

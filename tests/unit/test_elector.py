@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from singleton import ConfigurationError, Elector, Leadership
-from singleton.abc import Lease, LeaseState, takes_since
+from singleton.lease.contract import Lease, LeaseState, takes_since
 from singleton.testing import MemoryLeaseBackend
 from tests.unit.election_support import assert_leads
 

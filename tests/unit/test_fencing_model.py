@@ -28,9 +28,9 @@ from hypothesis.stateful import (
 )
 
 from listeners import Checkpoint, RedisCheckpointStore
-from listeners.checkpoint import Deployment
-from singleton.abc import Lease
+from listeners.checkpoints.stores import Deployment
 from singleton.errors import StaleWriterError
+from singleton.lease.contract import Lease
 from singleton.testing import FakeClock, MemoryLeaseBackend
 
 NAME = "db.coll"

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from listeners.handover import Drained, HandoverGate
+from listeners.runtime.handover import Drained, HandoverGate
 from singleton.errors import LeaseLostError
 
 
@@ -90,7 +90,7 @@ def test_a_late_drain_after_the_tenure_ended_saves_nothing() -> None:
 
 
 def test_an_act_cut_short_by_the_drain_saves_what_came_before_it_within_the_budget() -> None:
-    from listeners.handover import HandoverInterrupted
+    from listeners.runtime.handover import HandoverInterrupted
 
     drain = threading.Event()
     gate = HandoverGate(drain, budget=0.25)
@@ -106,7 +106,7 @@ def test_an_act_cut_short_by_the_drain_saves_what_came_before_it_within_the_budg
 def test_a_handover_checkpoint_the_store_does_not_answer_still_ends_as_a_handover() -> None:
     """A save that times out at a handover is a warning (the successor replays more), not a
     failed tenure: on the worker's thread the tenure still ends in ``Drained``."""
-    from listeners.handover import HandoverInterrupted
+    from listeners.runtime.handover import HandoverInterrupted
     from singleton.errors import BackendUnavailableError
 
     drain = threading.Event()
@@ -136,10 +136,10 @@ def test_a_drain_does_not_wait_for_a_routine_checkpoint_write(newer: bool) -> No
     from loguru import logger
 
     from listeners.base import ListenerContext
-    from listeners.checkpoint import Checkpoint, CheckpointStore
-    from listeners.checkpoint_policy import CheckpointPolicy
-    from singleton.abc import Lease
-    from singleton.leadership import Leadership
+    from listeners.checkpoints.policy import CheckpointPolicy
+    from listeners.checkpoints.stores import Checkpoint, CheckpointStore
+    from singleton.election.leadership import Leadership
+    from singleton.lease.contract import Lease
     from singleton.testing import FakeClock
 
     class SlowStore(CheckpointStore):

@@ -13,9 +13,9 @@ import pytest
 from loguru import logger
 
 from singleton.errors import ConfigurationError
-from singleton.jobs import LeaderScheduler
-from singleton.jobs_context import JobContext, crontab_weekdays, epoch_ms, make_trigger
-from singleton.service.embedded import wait_until
+from singleton.jobs.context import JobContext, crontab_weekdays, epoch_ms, make_trigger
+from singleton.jobs.scheduler import LeaderScheduler
+from singleton.service.dev.embedded import wait_until
 from singleton.testing import FakeClock, MemoryLeaseBackend
 
 JOB = "report"

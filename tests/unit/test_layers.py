@@ -112,10 +112,10 @@ def test_module_size(module: str) -> None:
 
 def test_the_checker_sees_a_violation() -> None:
     """The rules above would catch a core module importing the service (the checker works)."""
-    assert _layer("singleton.elector") == "core"
-    assert "service" not in ALLOWED[_layer("singleton.elector")]
+    assert _layer("singleton.election.elector") == "core"
+    assert "service" not in ALLOWED[_layer("singleton.election.elector")]
     assert _layer("singleton.service.replica") == "service"
     assert "singleton.service.registry" in GRAPH["singleton.service.replica"]
-    assert "listeners.base" in GRAPH["listeners.runner"] or any(
-        t.startswith("listeners.") for t in GRAPH["listeners.runner"]
+    assert "listeners.base" in GRAPH["listeners.runtime.runner"] or any(
+        t.startswith("listeners.") for t in GRAPH["listeners.runtime.runner"]
     )

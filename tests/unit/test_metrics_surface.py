@@ -16,10 +16,10 @@ from typing import Any
 from bson.timestamp import Timestamp
 
 from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkWriter
-from listeners.status import RunnerStatus
-from singleton.balance import BalanceView
+from listeners.runtime.status import RunnerStatus
+from singleton.balance.balancer import BalanceView
+from singleton.election.health import ElectorStats
 from singleton.errors import SinkRejectedError, SinkUnavailableError
-from singleton.health import ElectorStats
 from singleton.service.metrics import MetricsServer
 from tests.unit.test_es_bulk import Scripted, items, whole
 
@@ -169,9 +169,9 @@ def test_membership_is_served_from_the_balancers_view() -> None:
 def test_membership_metrics_from_a_real_balancer() -> None:
     """A real :class:`Balancer` on the in-memory store: after one heartbeat this replica sees
     itself and another member, holds nothing, and its share of two leases is one."""
-    from singleton.balance import Balancer
+    from singleton.balance.balancer import Balancer
+    from singleton.lease.timings import LeaseTimings
     from singleton.testing import MemoryLeaseBackend
-    from singleton.timings import LeaseTimings
 
     backend = MemoryLeaseBackend()
     timings = LeaseTimings.of(ttl=10)

@@ -96,8 +96,8 @@ def test_the_exit_message_and_the_config_view_hide_it(
 @settings(max_examples=30, deadline=None)
 @given(password=PASSWORDS)
 def test_a_backend_description_hides_it(password: str) -> None:
-    from singleton.backends.redis import RedisLeaseBackend
     from singleton.errors import SingletonError
+    from singleton.lease.redis import RedisLeaseBackend
 
     _assume_distinct(password)
     for url in _urls(password):

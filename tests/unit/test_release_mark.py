@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from singleton.backends._notify import ReleaseFeed, ReleaseNotifier
+from singleton.lease.notify import ReleaseFeed, ReleaseNotifier
 from singleton.testing import MemoryLeaseBackend
 
 LONG = 60.0  # a wait that runs to its timeout fails the test long before

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from singleton.backends.redis_client import client_from_url, describe_client, parse_sentinel_url
+from singleton.drivers.redis import client_from_url, describe_client, parse_sentinel_url
 from singleton.service.config import load_config
 
 SECRET = "s3nt1nel-pa55"

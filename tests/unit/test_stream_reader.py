@@ -9,9 +9,9 @@ import contextlib
 from collections import deque
 from typing import Any
 
-from listeners.partition import Partition, partition_of
-from listeners.status import StatusBoard
-from listeners.streams import Step, StreamReader
+from listeners.runtime.status import StatusBoard
+from listeners.stream.partition import Partition, partition_of
+from listeners.stream.reader import Step, StreamReader
 from singleton.testing import FakeClock
 
 

@@ -1,4 +1,5 @@
-"""The cluster time inside a resume token (``singleton.mongo.token_clock``): what a stream that
+"""The cluster time inside a resume token (``singleton.drivers.mongo.token_clock``): what a stream
+that
 leaves ``clusterTime`` out (ElasticsearchSync's) reads instead, once per event."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from bson.timestamp import Timestamp
 from hypothesis import given
 from hypothesis import strategies as st
 
-from singleton.mongo import event_time, token_clock, token_time
+from singleton.drivers.mongo import event_time, token_clock, token_time
 
 stamps = st.builds(Timestamp, st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
 

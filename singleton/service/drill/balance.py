@@ -1,7 +1,8 @@
 """Balance after every fault: every lease held, and the leases per live replica differ by <= 1.
 
 :class:`BalanceSampler` reads, on the drill's own direct connection to the lease store, the
-membership group's live replicas (heartbeats on the store's clock, :mod:`singleton.membership`)
+membership group's live replicas (heartbeats on the store's clock,
+:mod:`singleton.balance.membership`)
 and the holder of every lease (each listener's partitions and the drill's job) every
 ``interval``, and keeps every change of the resulting :class:`BalanceSample`.
 
@@ -31,8 +32,8 @@ from typing import Any
 
 from loguru import logger
 
-from singleton.abc import LeaseBackend
-from singleton.balance import DEFAULT_GROUP
+from singleton.balance.balancer import DEFAULT_GROUP
+from singleton.lease.contract import LeaseBackend
 
 #: seconds on top of 3 x ttl that a fault may take to settle (process start-up on a busy box)
 BALANCE_SLACK = 5.0

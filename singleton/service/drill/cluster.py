@@ -3,12 +3,12 @@
 Every replica reaches the lease store through its own :class:`~.proxy.TcpProxy` (so one replica can
 be partitioned while the others keep going; with ``sentinel`` it reaches the Sentinels and the
 master they name directly, see :mod:`.sentinel`), writes its audit trail to its own file
-(:mod:`listeners.audit`), and, when ``clock-jump`` is drilled, runs under libfaketime with its own
-offset file: its wall clock jumps, its monotonic clock does not
+(:mod:`listeners.runtime.audit`), and, when ``clock-jump`` is drilled, runs under libfaketime with
+its own offset file: its wall clock jumps, its monotonic clock does not
 (``FAKETIME_DONT_FAKE_MONOTONIC=1``).
 
 Redis runs with an fsync-always append-only file: the fencing counter lives in Redis, and a
-restart without persistence would start tokens again at 1 (see ``singleton.backends.redis``).
+restart without persistence would start tokens again at 1 (see ``singleton.lease.redis``).
 """
 
 from __future__ import annotations
@@ -22,24 +22,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from listeners.partition import layout_names
-from singleton.abc import LeaseBackend, LeaseState
+from listeners.stream.partition import layout_names
+from singleton.drivers.mongo import client as mongo_client
 from singleton.errors import ConfigurationError, SingletonError
-from singleton.mongo import client as mongo_client
-from singleton.service.cluster import (
+from singleton.lease.contract import LeaseBackend, LeaseState
+from singleton.lease.timings import LeaseTimings
+from singleton.service.config import AUDIT_ENV, UNSAFE_ENV, Config, load_config
+from singleton.service.dev.cluster import (
     ReplicaProcess,
     child_environment,
     es_listener_toml,
     singleton_command,
 )
-from singleton.service.config import AUDIT_ENV, UNSAFE_ENV, Config, load_config
+from singleton.service.dev.embedded import ElasticServer, EmbeddedServer, MongoServer, RedisServer
 from singleton.service.drill.jobs import RECORD_ENV as JOB_RECORD_ENV
 from singleton.service.drill.jobs import job_toml
 from singleton.service.drill.proxy import TcpProxy, host_port, via_proxy
 from singleton.service.drill.sentinel import SentinelTopology
-from singleton.service.embedded import ElasticServer, EmbeddedServer, MongoServer, RedisServer
 from singleton.service.registry import make_backend
-from singleton.timings import LeaseTimings
 
 DATABASE, COLLECTION, INDEX, LEASE = "drill", "orders", "drill-orders", "drill-orders"
 NAMESPACE = "singleton-drill"
@@ -312,7 +312,7 @@ cooldown = {t.cooldown}
         """The lease store loses its data: FLUSHALL on Redis, drop the leases collection."""
         assert self.config is not None
         if self.backend_name == "redis":
-            from singleton.backends.redis_client import client_from_url
+            from singleton.drivers.redis import client_from_url
 
             client = client_from_url(str(self.urls["redis"]))
             try:
@@ -348,7 +348,7 @@ cooldown = {t.cooldown}
         return self._backend
 
     def checkpoint_store(self, client: Any) -> Any:
-        from listeners.checkpoint import MongoCheckpointStore
+        from listeners.checkpoints.stores import MongoCheckpointStore
 
         return MongoCheckpointStore(client, database=NAMESPACE)
 

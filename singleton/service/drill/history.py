@@ -4,7 +4,7 @@
   ``lease_interval`` and the checkpoint store (every listener lease's checkpoint) every
   ``checkpoint_interval``, on the drill's own direct connections, and keeps every change with its
   ``time.monotonic()``.
-* :class:`AuditTail` reads the replicas' audit files (:mod:`listeners.audit`) incrementally.
+* :class:`AuditTail` reads the replicas' audit files (:mod:`listeners.runtime.audit`) incrementally.
 * :func:`raw_stream_rate` reads the change stream with pymongo alone, the stand-in's own speed,
   printed next to the replicas' lag.
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from loguru import logger
 
-from singleton.abc import LeaseState
+from singleton.lease.contract import LeaseState
 
 #: (monotonic time, identity or None, token or None); identity "?" when the store did not answer
 LeaseSample = tuple[float, str | None, int | None]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from singleton.jobs_context import JobContext, epoch_ms
+from singleton.jobs.context import JobContext, epoch_ms
 
 JOB = "drill-tick"
 EVERY_MS = 1000

@@ -22,8 +22,8 @@ from typing import Any
 
 from loguru import logger
 
-from singleton.mongo import client as mongo_client
-from singleton.service.cluster import Writer
+from singleton.drivers.mongo import client as mongo_client
+from singleton.service.dev.cluster import Writer
 from singleton.service.drill import faults as fl
 from singleton.service.drill.balance import (
     BalanceSample,

@@ -11,7 +11,7 @@ it and promote the replica, and the killed server comes back as a replica of the
 the next failover can go the other way. The promotion is waited on as the Sentinels' own
 ``+switch-master`` announcement (subscribed before the kill), the recovery as a condition with a
 deadline. The data nodes keep nothing on disk: lease tokens are at least Redis's clock in ms
-(see ``singleton.backends.redis``), so they still grow after a failover loses the counter.
+(see ``singleton.lease.redis``), so they still grow after a failover loses the counter.
 (``tests/integration/sentinel_support.py`` is the test suite's own copy; the drill must not
 import tests.)
 """
@@ -27,7 +27,7 @@ from typing import Any
 import redis
 
 from singleton.errors import BackendUnavailableError, ConfigurationError
-from singleton.service.embedded import EmbeddedServer, RedisServer, wait_until
+from singleton.service.dev.embedded import EmbeddedServer, RedisServer, wait_until
 
 SERVICE = "singleton-drill"
 #: 1 s made a loaded machine fail over spuriously: a Sentinel that had just switched to the new

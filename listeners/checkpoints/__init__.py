@@ -1,0 +1,1 @@
+"""Checkpoints: the contract, the fenced stores, when to save, and the marker."""

@@ -1,0 +1,1 @@
+"""Running a listener under an elector: runner, tenure, handover, standby, status, audit."""

@@ -1,0 +1,393 @@
+"""One tenure's work, start to end: open the stream where the checkpoint says, deliver batches,
+let the checkpoint policy save, recover from stream errors, and end with a :class:`TenureOutcome`.
+
+Failure model: the lease may end at any instant, the stream's connection may drop, and the oplog
+may roll past the saved position. So every MongoDB call is bounded by half the renew deadline
+(opening a stream, a read, by ``open_timeout``), ``ctx.check()`` runs before every
+``handle_batch`` and checkpoint write, and a tenure starts by *claiming* the checkpoint (fencing
+it with its token); a claim that finds none when this replica or the lease store's marker
+(:mod:`listeners.checkpoints.marker`) knows one existed applies ``on_history_lost``. Transient
+errors (:func:`singleton.drivers.mongo.classify`) are retried in place, from the last checkpoint,
+with backoff, for at most ``failure_budget`` seconds; errors that retrying cannot fix, and transient
+ones past the budget, end the tenure as ``failed`` and the runner resigns the lease and says so
+(:mod:`listeners.runtime.runner`). A change event over 16 MB is neither: the stream reads on past it
+without its large fields (:mod:`listeners.stream.large_events`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import pymongo
+from bson.timestamp import Timestamp
+from loguru import logger
+
+from listeners.base import ChangeEvent, ListenerContext, StopReason
+from listeners.checkpoints.marker import CheckpointMarker
+from listeners.checkpoints.pipelining import PipelinedCheckpoints
+from listeners.deadletters import PoisonEventError, PoisonHandler, Replayer
+from listeners.runtime.audit import ts_pair
+from listeners.runtime.handover import Drained, HandoverGate
+from listeners.runtime.status import RetriesExhaustedError, StatusBoard, TenureOutcome
+from listeners.runtime.tenure_settings import TenureSettings
+from listeners.stream.large_events import LargeEvents
+from listeners.stream.reader import StartPosition, StreamReader, token_time
+from singleton.drivers import mongo
+from singleton.errors import (
+    HistoryLostError,
+    LeaseLostError,
+    PermissionDeniedError,
+    SingletonError,
+    StaleWriterError,
+)
+from singleton.retry import Backoff
+
+if TYPE_CHECKING:
+    from singleton.election.leadership import Leadership
+
+
+__all__ = ["Drained", "TenureSettings", "TenureWorker"]
+
+
+class TenureWorker:
+    """Runs one tenure in the calling thread (:meth:`run`). ``drain`` asks for a handover and
+    ``gate`` carries it out (:mod:`listeners.runtime.handover`); ``wake`` is set on a drain or a
+    loss,
+    and cuts any wait short."""
+
+    def __init__(
+        self,
+        settings: TenureSettings,
+        leadership: Leadership,
+        board: StatusBoard,
+        *,
+        drain: threading.Event,
+        wake: threading.Event,
+        gate: HandoverGate | None = None,
+    ) -> None:
+        self._s = settings
+        self._board = board
+        self._drain, self._wake = drain, wake
+        self._gate = gate or HandoverGate(drain)
+        self.name = settings.listener.lease_name
+        self.ctx = ListenerContext(
+            leadership=leadership,
+            client=settings.client,
+            logger=logger.bind(listener=self.name, token=leadership.token),
+            listener_name=self.name,
+            progress=settings.checkpoints,
+            dead_letters=settings.dead_letters,
+            draining=drain,
+        )
+        self._policy = PipelinedCheckpoints(
+            settings.checkpoints,
+            self.ctx,
+            clock=settings.clock,
+            interval=settings.checkpoint_interval,
+            idle_interval=settings.idle_checkpoint_interval,
+            bounded=self._bounded,
+            audit=settings.audit,
+            on_saved=self._saved,
+            deployment=settings.listener.deployment(),
+            listener=settings.listener,
+        )
+        self._policy.routine = self._gate.waiting
+        self._marker = CheckpointMarker(settings.lease_store, self.name, self._bounded)
+        self._replayer = Replayer(settings.dead_letters, self.name, clock=settings.clock)
+        self._large = LargeEvents(settings.listener, self._policy, self.ctx)
+        #: The bound of a read that may wait (a ``getMore``): ``op_timeout``, doubled (up to
+        #: ``open_timeout``) after each read that timed out, back once the stream reads again -
+        #: a server that needs longer to resume a stream than ``op_timeout`` must not keep the
+        #: tenure retrying the same read forever. (A read writes nothing: ``ctx.check()`` still
+        #: runs before every write, so a longer read never outlives the lease's safety.)
+        self._read_timeout = settings.op_timeout
+        self._backoff = Backoff(
+            settings.reconnect_backoff, settings.max_reconnect_backoff, rng=settings.rng
+        )
+        #: When the current run of transient failures began (``None``: not failing).
+        self._failing_since: float | None = None
+        #: When this tenure first streamed (monotonic), ``None`` if it never did.
+        self.streaming_since: float | None = None
+        #: The exception that ended the tenure, if one did.
+        self.error: Exception | None = None
+
+    def _saved(self, cp: Any) -> None:
+        self._s.last_seen.saw(cp)
+        self._marker.saved(cp)
+        self._board.set(
+            last_checkpoint_cluster_time=cp.cluster_time, last_checkpoint_at=self._s.clock.time()
+        )
+
+    # -- start and end --------------------------------------------------------------------
+    def run(self) -> TenureOutcome:
+        """Lead until the tenure ends; ``on_stop`` always runs. Never raises an ``Exception``."""
+        ld = self.ctx.leadership
+        stop: StopReason = "released"
+        try:
+            if ld.valid():
+                logger.info("listener leading: listener={} token={}", self.name, ld.token)
+                self._board.set(state="starting", fencing_token=ld.token, last_error=None)
+                with self._gate.acting(self._policy.release):
+                    self._s.listener.on_start(self.ctx)
+                    self._lead()
+            # Over before it began (the previous tenure's worker ended late): nothing was done.
+            outcome = TenureOutcome("lost", ld.reason or "expired", True, ld.token)
+        except Exception as exc:
+            stop, outcome = self._ended(exc)
+        try:
+            self._s.listener.on_stop(self.ctx, stop)
+        except Exception:
+            logger.exception("on_stop failed: listener={}", self.name)
+        self._board.batch_size = None  # no reader asks until the next tenure streams
+        if self._board.state != "failed":
+            self._board.set(state="follower")
+        logger.info("listener stopped ({}): listener={} token={}", stop, self.name, ld.token)
+        return outcome
+
+    def _ended(self, exc: Exception) -> tuple[StopReason, TenureOutcome]:
+        """The outcome of the tenure ``exc`` ended; the runner logs it (one line) and acts."""
+        ld = self.ctx.leadership
+        if isinstance(exc, Drained):
+            return "released", TenureOutcome("completed", "released", True, ld.token)
+        self.error = exc
+        if isinstance(exc, StaleWriterError):  # the store says a newer tenure has written
+            self._board.set(last_error=str(exc))
+            return "lost", TenureOutcome("lost", f"stale writer: {exc}", True, ld.token)
+        if isinstance(exc, LeaseLostError):
+            reason = ld.reason or "expired"
+            stop: StopReason = "expired" if reason == "expired" else "lost"
+            return stop, TenureOutcome("lost", reason, True, ld.token)
+        self._policy.salvage()
+        error = f"{type(exc).__name__}: {exc}"
+        self._board.set(state="failed", last_error=error)
+        return "error", TenureOutcome.failure(error, exc, ld.token)
+
+    # -- streaming ------------------------------------------------------------------------
+    def _lead(self) -> NoReturn:
+        pos: StartPosition | None = None  # None: the tenure has not claimed its start yet
+        while True:
+            self.ctx.check()
+            try:
+                if pos is None:
+                    pos = self._start()
+                pos = self._stream(pos)
+                self._backoff.reset()
+            except (LeaseLostError, Drained, PoisonEventError):
+                raise
+            except Exception as exc:
+                pos = self._recover(exc, pos)
+
+    def _start(self) -> StartPosition:
+        """Claim the checkpoint; start where it stands, or notice it vanished, or copy first."""
+        cp = self._policy.claim()
+        seen = self._s.last_seen.checkpoint
+        self._s.last_seen.saw(cp)
+        if cp is not None:
+            return StartPosition.of(cp)
+        gone = self._marker.disappeared(seen)
+        if gone is not None:
+            return self._history_lost(*gone)
+        if self._s.listener.has_initial_sync():
+            return self._sync("initial sync")
+        return StartPosition()
+
+    def _stream(self, pos: StartPosition) -> StartPosition:
+        """Stream until an invalidate (returns where to continue), a drain, or an error."""
+        fresh = self._cluster_time() if pos.fresh else None
+        with self._gate.waiting(), pymongo.timeout(self._s.open_timeout):
+            opened = self._large.watch(
+                self._s.client, pos, max_await_time=self._s.max_await_time, at_time=fresh
+            )
+        with opened as stream:
+            reader = StreamReader(
+                stream,
+                self._s.listener,
+                clock=self._s.clock,
+                bounded=self._reading,
+                board=self._board,
+            )
+            self._board.set(state="streaming")
+            self._policy.opened(reader.resume_token, fresh)
+            while True:
+                self._check_handover()
+                step = reader.read()
+                if step is None:
+                    continue
+                if self._failing_since is not None or self.streaming_since is None:
+                    self._healthy()
+                if step.batch:
+                    self._deliver(step.batch, step.token)
+                if step.kind == "full":
+                    self._policy.after_batch()
+                elif step.kind == "idle":
+                    self._board.seen(token_time(step.token))
+                    self._policy.caught_up(step.token)
+                    self._replayer.poll(lambda events: self._handler().deliver(events, self.ctx))
+                else:
+                    assert step.event is not None
+                    return self._invalidated(step.event)
+                if self._large.passed(step):  # saved past a large event: read full events
+                    return self._policy.resume_position(pos)
+
+    def _healthy(self) -> None:
+        """The stream reads again: the failure budget and the backoff start over, and a failure
+        reported by an earlier tenure no longer stands."""
+        self._failing_since = None
+        self._backoff.reset()
+        self._read_timeout = self._s.op_timeout
+        if self.streaming_since is None:
+            self.streaming_since = self._s.clock.monotonic()
+            self._board.set(failure=None)
+
+    def _check_handover(self) -> None:
+        """On a drain: save what the sink acknowledged, and end; on a loss: end."""
+        self._gate.check()
+        if self.ctx.leadership.lost.is_set():
+            self.ctx.check()
+
+    def _deliver(self, batch: list[ChangeEvent], token: Any) -> None:
+        """Hand ``batch`` to the listener (retries, dead letters); ``token`` follows it."""
+        handler = self._handler()
+        audit = self._s.audit
+        sent = audit.now() if audit is not None else 0.0
+        started = self._s.clock.monotonic()
+        try:
+            handler.deliver(batch, self.ctx)
+        except BaseException:
+            self._board.count(sink_errors=handler.errors)  # the failed tries count too
+            raise
+        last = mongo.event_time(batch[-1])
+        if audit is not None:
+            audit.record("batch", token=self.ctx.token, n=len(batch), ct=ts_pair(last), sent=sent)
+        self._board.delivered(
+            len(batch),
+            dead_lettered=handler.dead_lettered,
+            errors=handler.errors,
+            seconds=self._s.clock.monotonic() - started,
+            cluster_time=last,
+        )
+        self._policy.handled(token, batch)
+
+    def _handler(self) -> PoisonHandler:
+        lst = self._s.listener
+        return PoisonHandler(
+            lst.handle_batch,
+            self._s.dead_letters,
+            max_retries=lst.max_retries,
+            policy=lst.on_poison,
+            rng=self._s.rng,
+        )
+
+    def _invalidated(self, event: ChangeEvent) -> StartPosition:
+        self._policy.before_invalidate()
+        logger.info("stream invalidated: listener={} token={}", self.name, self.ctx.token)
+        self.ctx.check()
+        self._s.listener.on_invalidate(event, self.ctx)
+        self._policy.save(event["_id"], mongo.event_time(event), start_after=True)
+        return StartPosition(start_after=event["_id"])
+
+    def _sync(self, why: str) -> StartPosition:
+        """Take the cluster time first, copy, checkpoint that time, then stream from it."""
+        at = self._cluster_time()
+        logger.info("{} starting: listener={} token={} from={}", why, self.name, self.ctx.token, at)
+        self._board.set(state="syncing")
+        self.ctx.check()
+        self._s.listener.initial_sync(self.ctx)
+        self._policy.save(None, at)
+        logger.info("{} done: listener={} token={}", why, self.name, self.ctx.token)
+        return StartPosition(at_time=at)
+
+    # -- errors ---------------------------------------------------------------------------
+    def _recover(self, exc: Exception, pos: StartPosition | None) -> StartPosition | None:
+        """Where to reopen after ``exc`` (``None``: claim again), or raise when retrying
+        cannot help or the failure budget is spent."""
+        kind = mongo.classify(exc)
+        if kind == "history_lost":
+            since = None if self._policy.last is None else self._policy.last.cluster_time
+            return self._history_lost(
+                f"change stream history lost: saved position {since}: {exc}", since, exc
+            )
+        if kind == "permission":
+            if isinstance(exc, SingletonError):  # already translated (a checkpoint store)
+                raise exc
+            raise PermissionDeniedError(
+                f"listener {self.name!r}: MongoDB refused the change stream (check the user's "
+                f"roles: changeStream and find on {self._s.listener.database}): {exc}"
+            ) from exc
+        if kind == "too_large" and pos is not None:  # no budget: the same read would fail again
+            self._large.failed(exc)  # reduced mode, from the reloaded checkpoint
+            return self._policy.resume_position(pos)
+        if kind in ("fatal", "too_large"):
+            raise exc
+        self._spend_budget(exc)
+        if getattr(exc, "timeout", False):  # pymongo's: the server did not answer in time
+            self._read_timeout = min(self._s.open_timeout, self._read_timeout * 2)
+        self._reconnect_wait(exc)
+        if pos is None:
+            return None
+        self._policy.reload()
+        return self._policy.resume_position(pos)
+
+    def _spend_budget(self, exc: Exception) -> None:
+        now = self._s.clock.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        elif now - self._failing_since >= self._s.failure_budget:
+            raise RetriesExhaustedError(
+                f"listener {self.name!r}: still failing after {now - self._failing_since:.1f}s "
+                f"(failure_budget {self._s.failure_budget}s): {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _history_lost(
+        self, what: str, since: Timestamp | None, exc: BaseException | None = None
+    ) -> StartPosition:
+        """The saved position cannot be resumed (``what``): apply ``on_history_lost``. Logged
+        at ERROR here when the tenure goes on; a ``fail`` is logged once, by the runner."""
+        policy = self._s.listener.on_history_lost
+        self._board.count(history_lost=1)
+        if policy == "fail" or (policy == "resync" and not self._s.listener.has_initial_sync()):
+            raise HistoryLostError(f"listener {self.name!r}: {what} (policy {policy!r})") from exc
+        logger.error("{}: listener={} token={} policy={}", what, self.name, self.ctx.token, policy)
+        if policy == "resync":
+            return self._sync("resync")
+        now = self._cluster_time()
+        with self._bounded():
+            self._s.dead_letters.record_gap(self.ctx, since, now, what)
+        self._policy.save(None, now)
+        return StartPosition(at_time=now)
+
+    def _reconnect_wait(self, exc: BaseException) -> None:
+        delay = self._backoff.next()
+        self._board.count(reconnects=1)
+        self._board.set(state="reconnecting", last_error=f"{type(exc).__name__}: {exc}")
+        logger.warning(
+            "change stream failed (attempt {}), reopening from the checkpoint in {:.2f}s: "
+            "listener={} token={}: {!r}",
+            self._backoff.attempts,
+            delay,
+            self.name,
+            self.ctx.token,
+            exc,
+        )
+        with self._gate.waiting():  # a drain or a loss ends the wait at once
+            self._wake.wait(delay)
+        self.ctx.check()
+
+    # -- bounds ---------------------------------------------------------------------------
+    def _bounded(self) -> contextlib.AbstractContextManager[None]:
+        """Every MongoDB call of the worker (server selection included) ends within half the
+        renew deadline, so a lost lease is noticed in time whatever the network does."""
+        return pymongo.timeout(self._s.op_timeout)
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """A read that may wait (a ``getMore``): bounded, and a drain does not wait for it."""
+        with self._gate.waiting(), pymongo.timeout(self._read_timeout):
+            yield
+
+    def _cluster_time(self) -> Timestamp:
+        with self._bounded():
+            return mongo.cluster_time(self._s.client)

@@ -1,0 +1,1 @@
+"""Reading a change stream: where it starts, resume tokens, large events, partitions."""

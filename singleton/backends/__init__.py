@@ -1,1 +1,0 @@
-"""Lease backends. Import the concrete classes from :mod:`singleton`."""

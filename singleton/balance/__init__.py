@@ -1,0 +1,1 @@
+"""Balance: who is alive (membership) and how leases spread over the live replicas."""

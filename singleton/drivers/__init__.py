@@ -1,0 +1,1 @@
+"""MongoDB and Redis clients, error tables and cluster time: one place each."""

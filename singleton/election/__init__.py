@@ -1,0 +1,1 @@
+"""Election: the state machine, its thread driver, leadership, callbacks and health."""

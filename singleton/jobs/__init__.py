@@ -1,0 +1,1 @@
+"""Leader-only scheduled jobs: the scheduler, fenced fire claims, triggers, the job context."""

@@ -1,0 +1,1 @@
+"""Leases: the contracts, their timings, and the Redis and MongoDB stores."""

@@ -1,0 +1,43 @@
+"""What the server backends (Redis, MongoDB) share beyond the contract in
+:mod:`singleton.lease.contract`.
+
+Both answer :meth:`~singleton.lease.contract.LeaseBackend.contend` in one atomic round trip, so
+``try_acquire`` is that call with the holder's state dropped; and both feed
+:meth:`~singleton.lease.contract.LeaseBackend.wait_for_release` from a :class:`ReleaseFeed` (a
+pub/sub subscription, a change stream) that only ever shortens waits.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import abstractmethod
+
+from singleton.lease.contract import Lease, LeaseBackend, LeaseState, validate_lease_args
+from singleton.lease.notify import ReleaseFeed
+
+
+class ServerLeaseBackend(LeaseBackend):
+    """A backend whose ``contend`` is one round trip and whose releases arrive on ``_feed``."""
+
+    _feed: ReleaseFeed
+
+    @abstractmethod
+    def contend(self, name: str, holder: str, ttl: float) -> Lease | LeaseState | None: ...
+
+    def try_acquire(self, name: str, holder: str, ttl: float) -> Lease | None:
+        result = self.contend(name, holder, ttl)
+        return result if isinstance(result, Lease) else None
+
+    def wait_for_release(
+        self,
+        name: str,
+        timeout: float,
+        wake: threading.Event | None = None,
+        *,
+        since: int | None = None,
+    ) -> bool:
+        validate_lease_args(name)
+        return self._feed.wait(name, timeout, wake, since)
+
+    def release_mark(self, name: str) -> int:
+        return self._feed.mark(name)

@@ -1,0 +1,1 @@
+"""Servers on this machine for trying singleton: embedded servers, demo, dev-servers."""
