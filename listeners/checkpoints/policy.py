@@ -31,9 +31,9 @@ from loguru import logger
 
 from listeners.checkpoints.stores import Checkpoint, CheckpointStore, Deployment
 from listeners.runtime.audit import AuditLog, ts_pair
-from listeners.stream.reader import StartPosition, token_time
+from listeners.stream.reader import StartPosition
+from listeners.stream.tokens import event_time, token_time
 from singleton.clock import Clock
-from singleton.drivers.mongo import event_time
 from singleton.errors import SingletonError
 
 if TYPE_CHECKING:

@@ -35,6 +35,7 @@ from pymongo.errors import OperationFailure
 
 from listeners.elasticsearch.bulk import BulkItem, BulkWriter
 from listeners.elasticsearch.versioning import timestamp_version
+from listeners.stream.tokens import event_time
 from singleton.drivers import mongo
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ class InitialCopy:
                     event = stream.try_next()
                     if event is None or event.get("operationType") == "invalidate":
                         break
-                    ct = mongo.event_time(event)
+                    ct = event_time(event)
                     if ct is not None and ct > until:
                         break
                     batch.append(event)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from listeners.elasticsearch.bulk import BulkItem, DeadLetter
 from listeners.elasticsearch.ids import bson_id_of
-from singleton.drivers.mongo import token_time
+from listeners.stream.tokens import token_time
 from singleton.errors import SinkError
 
 if TYPE_CHECKING:

@@ -56,7 +56,7 @@ def with_split(pipeline: Sequence[Any], collection: Any, logger: Any) -> list[An
 #: alone costs about a microsecond per event, and an update's ``updateDescription`` can be
 #: larger than its document (the sync indexes ``fullDocument``). ``ns`` is the watched
 #: collection, known already; ``clusterTime`` is also the first part of every resume token, read
-#: from there (:func:`singleton.drivers.mongo.token_clock`) without decoding a ``Timestamp`` per
+#: from there (:func:`listeners.stream.tokens.token_clock`) without decoding a ``Timestamp`` per
 #: event.
 #: Decoding and freeing a small insert: 3.3 us with every field, 2.2 without the first two, 1.3
 #: without all four (``python -m bench decode``).

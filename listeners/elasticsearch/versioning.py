@@ -36,7 +36,7 @@ from typing import Any
 import bson
 from bson.timestamp import Timestamp
 
-from singleton.drivers.mongo import TOKEN_S_INT32, TOKEN_T_STAMP, event_time, token_clock
+from listeners.stream.tokens import TOKEN_S_INT32, TOKEN_T_STAMP, event_time, token_clock
 from singleton.errors import SinkError
 
 #: 2020-01-01T00:00:00Z. Cluster times before it cannot be encoded.

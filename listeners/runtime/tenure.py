@@ -34,7 +34,8 @@ from listeners.runtime.handover import Drained, HandoverGate
 from listeners.runtime.status import RetriesExhaustedError, StatusBoard, TenureOutcome
 from listeners.runtime.tenure_settings import TenureSettings
 from listeners.stream.large_events import LargeEvents
-from listeners.stream.reader import StartPosition, StreamReader, token_time
+from listeners.stream.reader import StartPosition, StreamReader
+from listeners.stream.tokens import event_time, token_time
 from singleton.drivers import mongo
 from singleton.errors import (
     HistoryLostError,
@@ -259,7 +260,7 @@ class TenureWorker:
         except BaseException:
             self._board.count(sink_errors=handler.errors)  # the failed tries count too
             raise
-        last = mongo.event_time(batch[-1])
+        last = event_time(batch[-1])
         if audit is not None:
             audit.record("batch", token=self.ctx.token, n=len(batch), ct=ts_pair(last), sent=sent)
         self._board.delivered(
@@ -286,7 +287,7 @@ class TenureWorker:
         logger.info("stream invalidated: listener={} token={}", self.name, self.ctx.token)
         self.ctx.check()
         self._s.listener.on_invalidate(event, self.ctx)
-        self._policy.save(event["_id"], mongo.event_time(event), start_after=True)
+        self._policy.save(event["_id"], event_time(event), start_after=True)
         return StartPosition(start_after=event["_id"])
 
     def _sync(self, why: str) -> StartPosition:

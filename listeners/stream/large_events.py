@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from bson.timestamp import Timestamp
 from loguru import logger
 
-from listeners.stream.reader import StartPosition, Step, token_time, watch
-from singleton.drivers.mongo import event_time
+from listeners.stream.reader import StartPosition, Step, watch
+from listeners.stream.tokens import event_time, token_time
 from singleton.errors import SingletonError
 
 if TYPE_CHECKING:

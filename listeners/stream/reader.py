@@ -19,7 +19,6 @@ from bson.timestamp import Timestamp
 
 from listeners.checkpoints.stores import Checkpoint, ResumeToken
 from singleton.clock import Clock
-from singleton.drivers.mongo import token_time as token_time  # (where it lived before)
 
 if TYPE_CHECKING:
     from listeners.base import ChangeEvent, ChangeStreamListener

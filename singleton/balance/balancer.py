@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from singleton.balance.membership import Member, Membership
-from singleton.balance.view import Balanced, BalanceView, Gate, share_of
+from singleton.balance.view import Balanced, BalanceView, share_of
 from singleton.clock import SYSTEM_CLOCK, Clock
+from singleton.election.gate import Gate
 from singleton.election.leadership import Leadership
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.lease.contract import LeaseBackend

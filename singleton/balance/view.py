@@ -1,5 +1,5 @@
-"""What the balancer (:mod:`singleton.balance.balancer`) shares with its callers: the gate an
-:class:`~singleton.election.machine.Election` asks, what it needs of an elector, and its view."""
+"""What the balancer (:mod:`singleton.balance.balancer`) shares with its callers: what it needs
+of an elector, and its view."""
 
 from __future__ import annotations
 
@@ -14,19 +14,6 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from singleton.election.callbacks import Subscribers
-
-
-class Gate(Protocol):
-    """What an :class:`~singleton.election.machine.Election` asks before and tells after
-    contending."""
-
-    def gate(self, name: str) -> float:
-        """0 to contend for ``name`` now, else the seconds to wait first."""
-        ...
-
-    def done(self, name: str) -> None:
-        """The contend that :meth:`gate` admitted has returned."""
-        ...
 
 
 class Balanced(Protocol):

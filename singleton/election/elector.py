@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from singleton.balance.view import Gate
 from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.election.callbacks import (
     BeforeRelease,
@@ -35,6 +34,7 @@ from singleton.election.callbacks import (
     OnNewLeader,
     Subscribers,
 )
+from singleton.election.gate import Gate
 from singleton.election.health import ElectorStats
 from singleton.election.leadership import Leadership
 from singleton.election.machine import Election

@@ -30,9 +30,9 @@ from collections.abc import Callable
 
 from loguru import logger
 
-from singleton.balance.view import Gate
 from singleton.clock import Clock
 from singleton.election.callbacks import Callbacks, RunBounded
+from singleton.election.gate import Gate
 from singleton.election.health import ElectorStats, StoreHealth
 from singleton.election.leadership import Leadership
 from singleton.errors import ConfigurationError, SingletonError

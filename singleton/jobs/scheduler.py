@@ -36,9 +36,9 @@ from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 from loguru import logger
 
-from singleton.balance.view import Gate
 from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.election.elector import Elector, default_identity
+from singleton.election.gate import Gate
 from singleton.election.leadership import Leadership
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.jobs.context import (

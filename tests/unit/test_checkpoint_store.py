@@ -23,7 +23,7 @@ from listeners import Checkpoint, CheckpointStore, MongoCheckpointStore, RedisCh
 from listeners.base import ChangeStreamListener, ListenerContext
 from listeners.checkpoints.policy import CheckpointPolicy
 from listeners.checkpoints.stores import check_deployment
-from listeners.stream.reader import token_time
+from listeners.stream.tokens import token_time
 from singleton.election.leadership import Leadership
 from singleton.errors import ConfigurationError, LeaseLostError, StaleWriterError
 from singleton.lease.contract import Lease

@@ -11,7 +11,6 @@ import pytest
 from listeners.elasticsearch.documents import doc_id
 from listeners.runtime.audit import AuditLog
 from singleton.errors import ConfigurationError
-from singleton.service.drill.cli import build_parser, options_from
 from singleton.service.drill.balance import (
     BalanceSample,
     FaultBalance,
@@ -19,6 +18,7 @@ from singleton.service.drill.balance import (
     sample_of,
     time_to_balance,
 )
+from singleton.service.drill.cli import build_parser, options_from
 from singleton.service.drill.cluster import drill_listeners
 from singleton.service.drill.faults import (
     DEFAULT_MIX,

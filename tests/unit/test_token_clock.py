@@ -1,4 +1,4 @@
-"""The cluster time inside a resume token (``singleton.drivers.mongo.token_clock``): what a stream
+"""The cluster time inside a resume token (``listeners.stream.tokens.token_clock``): what a stream
 that
 leaves ``clusterTime`` out (ElasticsearchSync's) reads instead, once per event."""
 
@@ -12,7 +12,7 @@ from bson.timestamp import Timestamp
 from hypothesis import given
 from hypothesis import strategies as st
 
-from singleton.drivers.mongo import event_time, token_clock, token_time
+from listeners.stream.tokens import event_time, token_clock, token_time
 
 stamps = st.builds(Timestamp, st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
 
