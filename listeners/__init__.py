@@ -10,11 +10,12 @@ from listeners.checkpoints.stores import (
     RedisCheckpointStore,
     check_deployment,
 )
-from listeners.deadletters import DeadLetterStore, PoisonEventError
+from listeners.deadletters import DeadLetterStore
 from listeners.elasticsearch import ElasticsearchSync as ElasticsearchSync
 from listeners.logging import LoggingListener
 from listeners.runtime.runner import ListenerRunner
 from listeners.runtime.status import RunnerStatus, TenureOutcome
+from singleton.errors import PoisonEventError
 
 __all__ = [
     "ChangeStreamListener",

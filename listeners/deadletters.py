@@ -22,7 +22,7 @@ from singleton.clock import Clock
 from singleton.drivers import mongo
 from singleton.errors import (
     LeaseLostError,
-    SingletonError,
+    PoisonEventError,
     SinkRejectedError,
     SinkUnavailableError,
 )
@@ -32,10 +32,6 @@ if TYPE_CHECKING:
     from pymongo import MongoClient
 
     from listeners.base import ChangeEvent, ListenerContext
-
-
-class PoisonEventError(SingletonError):
-    """``handle_batch`` kept failing and the listener's ``on_poison`` policy is ``"stop"``."""
 
 
 class DeadLetterStore:

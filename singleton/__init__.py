@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from singleton.clock import Clock, SystemClock
-from singleton.election.elector import ElectionTimeoutError, Elector
+from singleton.election.elector import Elector
 from singleton.election.leadership import Leadership
 from singleton.errors import (
     BackendError,
     BackendUnavailableError,
     ConfigurationError,
+    ElectionTimeoutError,
     HistoryLostError,
     LeaseLostError,
     PermissionDeniedError,

@@ -58,3 +58,50 @@ class SinkRejectedError(SinkError):
 
 class HistoryLostError(SingletonError):
     """The saved resume position is no longer in the oplog (server error 286 and its family)."""
+
+
+class ElectionTimeoutError(SingletonError, TimeoutError):
+    """:meth:`~singleton.Elector.lead` was not elected within its ``timeout``."""
+
+
+class RetriesExhaustedError(SingletonError):
+    """A transient failure outlasted its failure budget: the tenure ends and the lease is
+    released so that another replica can try."""
+
+
+class PoisonEventError(SingletonError):
+    """An event failed on its own every time and there was no dead-letter store to keep it."""
+
+
+class EventTooLargeError(SingletonError):
+    """A change event over the 16 MB BSON limit that even the reduced stream cannot read."""
+
+
+class UnindexableError(SinkError):
+    """A document the sink can never accept as it is (its id, a value): it is dead-lettered,
+    never retried."""
+
+
+class UnindexableIdError(UnindexableError):
+    """A ``_id`` whose index id would be too long (or that is no BSON id)."""
+
+
+class NonFiniteNumberError(UnindexableError):
+    """A document holds NaN or an infinity, which JSON (and so the index) cannot hold."""
+
+
+class VersionOverflowError(SinkError):
+    """An external version could not be derived from an event's oplog position (out of range,
+    or no position at all): writing without one would give up the stale-write guard."""
+
+
+class ItemRejectedError(SinkError):
+    """The sink refused one item for good (a mapping error, another 4xx): a dead letter."""
+
+    def __init__(self, reason: str, status: int) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+class EsUnavailableError(SinkUnavailableError):
+    """Elasticsearch did not answer (connection refused, timeout) or asked to come back later."""

@@ -38,12 +38,11 @@ from loguru import logger as _default_logger
 
 from listeners.elasticsearch.transport import (
     RETRY_STATUSES,
-    EsUnavailableError,
     Transport,
     error_text,
     request_error,
 )
-from singleton.errors import SinkRejectedError, SinkUnavailableError
+from singleton.errors import EsUnavailableError, SinkRejectedError, SinkUnavailableError
 from singleton.retry import Backoff
 
 __all__ = ["RETRY_STATUSES", "BulkItem", "BulkLimits", "BulkStats", "BulkWriter", "DeadLetter"]

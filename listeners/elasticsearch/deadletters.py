@@ -14,18 +14,10 @@ from typing import TYPE_CHECKING, Any
 from listeners.elasticsearch.bulk import BulkItem, DeadLetter
 from listeners.elasticsearch.ids import bson_id_of
 from listeners.stream.tokens import token_time
-from singleton.errors import SinkError
+from singleton.errors import ItemRejectedError
 
 if TYPE_CHECKING:
     from listeners.base import DeadLetterSink, ListenerContext
-
-
-class ItemRejectedError(SinkError):
-    """Elasticsearch refused one bulk item for good (the ``status`` says why)."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _bson_key(item: BulkItem) -> Any:

@@ -45,8 +45,8 @@ from bson.int64 import Int64
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
-from listeners.elasticsearch.ids import MAX_ID_BYTES, UnindexableIdError, bson_id_of, doc_id
-from singleton.errors import ConfigurationError
+from listeners.elasticsearch.ids import MAX_ID_BYTES, bson_id_of, doc_id
+from singleton.errors import ConfigurationError, NonFiniteNumberError, UnindexableIdError
 
 __all__ = [
     "DEFAULT_INDEX_TEMPLATE",
@@ -150,10 +150,6 @@ def _encode(body: Mapping[str, Any]) -> str:
     except BaseException:
         _local.encoder = None
         raise
-
-
-class NonFiniteNumberError(ValueError):
-    """A document holds NaN or an infinity (see the module docstring)."""
 
 
 class _NonFinite(ValueError):

@@ -36,6 +36,8 @@ from typing import Any
 from bson import ObjectId, json_util
 from bson.int64 import Int64
 
+from singleton.errors import UnindexableIdError
+
 #: Elasticsearch's limit on ``_id``, in UTF-8 bytes.
 MAX_ID_BYTES = 512
 TAG = "~"
@@ -43,10 +45,6 @@ _OBJECT_ID = re.compile(r"^[0-9a-f]{24}$")
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 _EJSON = json_util.CANONICAL_JSON_OPTIONS
-
-
-class UnindexableIdError(ValueError):
-    """A ``_id`` whose Elasticsearch id would exceed :data:`MAX_ID_BYTES` (or is no BSON id)."""
 
 
 def _tagged(value: Any) -> str:

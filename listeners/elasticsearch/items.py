@@ -16,6 +16,7 @@ from listeners.elasticsearch import fragments
 from listeners.elasticsearch.bulk import BulkItem, DeadLetter
 from listeners.elasticsearch.documents import Transform, doc_id, source_of
 from listeners.elasticsearch.versioning import EventVersioner
+from singleton.errors import UnindexableError, UnindexableIdError
 
 #: ``lookup(key) -> document or None``: the document as it is now (for split events).
 Lookup = Callable[[Any], "Mapping[str, Any] | None"]
@@ -40,7 +41,7 @@ class ItemMaker:
         try:
             es_id = doc_id(key)
             source = source_of(doc, self.transform)
-        except (ValueError, TypeError) as exc:
+        except (UnindexableError, ValueError, TypeError) as exc:
             self.reject("index", key, version, origin, index, exc)
             return None
         return BulkItem(
@@ -53,7 +54,7 @@ class ItemMaker:
         """Dead-letter what cannot be indexed (an id too long, a non-finite number...)."""
         try:
             es_id = doc_id(key)
-        except ValueError:
+        except UnindexableIdError:
             es_id = repr(key)[:200]
         bad = BulkItem(op, index, es_id, version, None, {**origin, "key": key})
         self._dead([DeadLetter(bad, 0, f"cannot index: {exc}")])
@@ -83,7 +84,7 @@ class ItemMaker:
         if op == "delete":
             try:
                 return BulkItem("delete", index, doc_id(key), version, None, origin)
-            except ValueError as exc:
+            except UnindexableIdError as exc:
                 self.reject("delete", key, version, origin, index, exc)
                 return None
         if doc is None:

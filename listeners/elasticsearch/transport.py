@@ -32,7 +32,12 @@ import elastic_transport
 import orjson
 from elastic_transport.client_utils import url_to_node_config
 
-from singleton.errors import ConfigurationError, SinkRejectedError, SinkUnavailableError
+from singleton.errors import (
+    ConfigurationError,
+    EsUnavailableError,
+    SinkRejectedError,
+    SinkUnavailableError,
+)
 from singleton.redact import redact
 
 JSON = "application/json"
@@ -44,10 +49,6 @@ _NDJSON_HEADERS = {"accept": JSON, "content-type": NDJSON}
 #: Statuses of a whole request (or one bulk item) that say "not now": overload, gateway
 #: trouble, unavailable shards. Retried; never a dead letter.
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-
-class EsUnavailableError(SinkUnavailableError):
-    """Elasticsearch could not be reached or did not answer in time (transient)."""
 
 
 def request_error(status: int, body: Any, what: str) -> SinkUnavailableError | SinkRejectedError:

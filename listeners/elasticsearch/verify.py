@@ -13,7 +13,7 @@ from typing import Any
 
 from listeners.elasticsearch.documents import Transform, doc_id, source_of
 from listeners.elasticsearch.transport import make_transport, path_index
-from singleton.errors import SinkError
+from singleton.errors import SinkError, UnindexableError
 
 
 @dataclass
@@ -81,7 +81,7 @@ def compare(collection: Any, es: Any, index: str, transform: Transform | None = 
         try:
             key = doc_id(doc["_id"])
             expected_raw = source_of(doc, transform)
-        except ValueError as exc:
+        except (UnindexableError, ValueError) as exc:
             diff.unindexable.append(f"{str(doc['_id'])[:80]}: {exc}")
             continue
         if expected_raw is None:

@@ -37,7 +37,7 @@ import bson
 from bson.timestamp import Timestamp
 
 from listeners.stream.tokens import TOKEN_S_INT32, TOKEN_T_STAMP, event_time, token_clock
-from singleton.errors import SinkError
+from singleton.errors import VersionOverflowError
 
 #: 2020-01-01T00:00:00Z. Cluster times before it cannot be encoded.
 EPOCH = 1_577_836_800
@@ -53,10 +53,6 @@ MAX_VERSION = (1 << 63) - 1
 
 #: Looks up the oplog sequence of the first entry at a cluster time (``None`` if unknown).
 AnchorLookup = Callable[[Timestamp], "int | None"]
-
-
-class VersionOverflowError(SinkError):
-    """A cluster time or transaction position does not fit the version encoding."""
 
 
 def encode(seconds: int, increment: int, position: int = 0) -> int:

@@ -16,20 +16,14 @@ from typing import Any, Literal
 
 from bson.timestamp import Timestamp
 
-from listeners.deadletters import PoisonEventError
 from singleton.drivers.mongo import classify
-from singleton.errors import HistoryLostError, SingletonError, SinkError
+from singleton.errors import HistoryLostError, PoisonEventError, RetriesExhaustedError, SinkError
 from singleton.latency import Latencies, LatencySnapshot
 
 RunnerState = Literal[
     "follower", "starting", "syncing", "streaming", "reconnecting", "draining", "failed", "stopped"
 ]
 OutcomeKind = Literal["completed", "lost", "failed"]
-
-
-class RetriesExhaustedError(SingletonError):
-    """A transient failure outlasted the runner's ``failure_budget``: the tenure ends (and
-    another may do better), rather than holding the lease while doing nothing."""
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,10 @@ from loguru import logger
 from listeners.base import ChangeEvent, ListenerContext, StopReason
 from listeners.checkpoints.marker import CheckpointMarker
 from listeners.checkpoints.pipelining import PipelinedCheckpoints
-from listeners.deadletters import PoisonEventError, PoisonHandler, Replayer
+from listeners.deadletters import PoisonHandler, Replayer
 from listeners.runtime.audit import ts_pair
 from listeners.runtime.handover import Drained, HandoverGate
-from listeners.runtime.status import RetriesExhaustedError, StatusBoard, TenureOutcome
+from listeners.runtime.status import StatusBoard, TenureOutcome
 from listeners.runtime.tenure_settings import TenureSettings
 from listeners.stream.large_events import LargeEvents
 from listeners.stream.reader import StartPosition, StreamReader
@@ -41,6 +41,8 @@ from singleton.errors import (
     HistoryLostError,
     LeaseLostError,
     PermissionDeniedError,
+    PoisonEventError,
+    RetriesExhaustedError,
     SingletonError,
     StaleWriterError,
 )

@@ -30,17 +30,13 @@ from loguru import logger
 
 from listeners.stream.reader import StartPosition, Step, watch
 from listeners.stream.tokens import event_time, token_time
-from singleton.errors import SingletonError
+from singleton.errors import EventTooLargeError
 
 if TYPE_CHECKING:
     from listeners.base import ChangeStreamListener, ListenerContext
     from listeners.checkpoints.policy import CheckpointPolicy
 
 SPLIT_STAGE = "$changeStreamSplitLargeEvent"
-
-
-class EventTooLargeError(SingletonError):
-    """A change event is over 16 MB even with the listener's ``large_event_projection``."""
 
 
 def reduced_pipeline(

@@ -38,7 +38,7 @@ from singleton.election.gate import Gate
 from singleton.election.health import ElectorStats
 from singleton.election.leadership import Leadership
 from singleton.election.machine import Election
-from singleton.errors import ConfigurationError, SingletonError
+from singleton.errors import ConfigurationError, ElectionTimeoutError, SingletonError
 from singleton.lease.contract import HOLDER_SEPARATOR, LeaseBackend, takes_since
 from singleton.lease.timings import LeaseTimings
 from singleton.retry import Backoff
@@ -59,10 +59,6 @@ __all__ = [
 
 #: The contend backoff doubles from ``retry_interval`` up to this (or ``retry_interval``).
 MAX_RETRY_BACKOFF = 30.0
-
-
-class ElectionTimeoutError(SingletonError, TimeoutError):
-    """:meth:`Elector.lead` was not elected within its timeout."""
 
 
 def default_identity() -> str:

@@ -12,10 +12,10 @@ import pymongo
 import pytest
 
 from listeners.elasticsearch import ElasticsearchSync
-from listeners.elasticsearch.transport import EsUnavailableError, connect
+from listeners.elasticsearch.transport import connect
 from listeners.elasticsearch.verify import compare, es_documents
 from singleton.drivers.mongo import cluster_time
-from singleton.errors import ConfigurationError, LeaseLostError
+from singleton.errors import ConfigurationError, EsUnavailableError, LeaseLostError
 from tests.integration import es_support
 
 

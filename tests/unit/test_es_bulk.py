@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkWriter, DeadLetter
-from listeners.elasticsearch.transport import EsUnavailableError
-from singleton.errors import SinkRejectedError, SinkUnavailableError
+from singleton.errors import EsUnavailableError, SinkRejectedError, SinkUnavailableError
 
 Answer = Callable[[list[dict[str, Any]]], tuple[int, Any]]
 

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from bson.decimal128 import Decimal128
 
-from listeners.elasticsearch.documents import NonFiniteNumberError, source_of
+from listeners.elasticsearch.documents import source_of
+from singleton.errors import NonFiniteNumberError
 
 NAN, INF = float("nan"), float("inf")
 

@@ -28,7 +28,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from listeners.elasticsearch.bulk import BulkItem
-from listeners.elasticsearch.documents import NonFiniteNumberError, _standard_source, source_of
+from listeners.elasticsearch.documents import _standard_source, source_of
+from singleton.errors import NonFiniteNumberError
 
 NAN, INF = float("nan"), float("inf")
 
@@ -93,7 +94,7 @@ def _outcome(encode: Callable[[], bytes | None]) -> tuple[str, str]:
     """What an encoding means: its JSON value (floats by repr, key order kept) or its error."""
     try:
         out = encode()
-    except (ValueError, TypeError) as exc:
+    except (NonFiniteNumberError, ValueError, TypeError) as exc:
         return type(exc).__name__, str(exc)
     assert out is not None
     return "json", json.dumps(json.loads(out))

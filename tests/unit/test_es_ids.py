@@ -18,7 +18,8 @@ from bson.timestamp import Timestamp
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from listeners.elasticsearch.ids import MAX_ID_BYTES, UnindexableIdError, bson_id_of, doc_id
+from listeners.elasticsearch.ids import MAX_ID_BYTES, bson_id_of, doc_id
+from singleton.errors import UnindexableIdError
 
 
 def _bson(value: Any) -> bytes:

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from listeners.elasticsearch import versioning as v
+from singleton.errors import VersionOverflowError
 
 seconds = st.integers(v.EPOCH, v.EPOCH + v.MAX_SECONDS)
 increments = st.integers(0, v.MAX_INCREMENT)
@@ -50,7 +51,7 @@ def test_centuries_of_headroom() -> None:
     ],
 )
 def test_overflow_raises(args: tuple[int, int, int]) -> None:
-    with pytest.raises(v.VersionOverflowError):
+    with pytest.raises(VersionOverflowError):
         v.encode(*args)
 
 
@@ -144,5 +145,5 @@ def test_an_event_without_cluster_time_gets_the_same_version_from_its_token(
 
 
 def test_an_event_with_neither_cluster_time_nor_a_known_token_is_refused() -> None:
-    with pytest.raises(v.VersionOverflowError, match="no clusterTime"):
+    with pytest.raises(VersionOverflowError, match="no clusterTime"):
         v.EventVersioner().version({"_id": {"_data": "00ff"}})
