@@ -1,1 +1,2 @@
-"""Balance: who is alive (membership) and how leases spread over the live replicas."""
+"""Balance: who is alive (membership), the rules that spread leases over the live replicas
+(machine, no I/O) and the heartbeat thread that runs them (balancer)."""

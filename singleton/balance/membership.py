@@ -11,8 +11,8 @@ drops out ``ttl`` seconds after its last heartbeat, measured by the store. Membe
 it decides who *tries* to acquire which lease, never who may act on one (leases and fencing
 tokens decide that), so a wrong view costs at most an extra handover, never safety.
 
-The contract itself (:class:`Membership`, :class:`Member`) lives in :mod:`singleton.lease.contract`
-beside the lease contract; it is re-exported here.
+The contract itself (:class:`Membership`, :class:`Member`) is one of the lease stores'
+capabilities (:mod:`singleton.lease`); it is re-exported here.
 """
 
 from __future__ import annotations

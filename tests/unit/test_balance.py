@@ -1,18 +1,22 @@
-"""The balancer (singleton/balance.py) in a deterministic simulation: replicas of electors driven
+"""The balancer (singleton/balance/) in a deterministic simulation: replicas of electors driven
 by ``tick()`` on one fake clock over one in-memory store; crashes are replicas that stop ticking."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pytest
 
-from singleton.balance.balancer import Balancer, share_of
+from singleton.balance.balancer import BalanceOptions, Balancer, share_of
 from singleton.balance.membership import Member, MemoryMembership
 from singleton.election.elector import Elector
 from singleton.errors import BackendUnavailableError
 from singleton.lease.timings import LeaseTimings
 from singleton.testing import FakeClock, MemoryLeaseBackend
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 TTL = 3.0
 STEP = 0.1
@@ -41,15 +45,15 @@ class Sim:
         self.backend = MemoryLeaseBackend(self.clock)
         self.holders = self.owners()
 
-    def add(self, identity: str) -> None:
-        balancer = Balancer(
-            self.backend,
-            identity,
-            TIMINGS,
-            clock=self.clock,
-            prefer=self.prefer,
-            busy=self.busy.__contains__,
-        )
+    def add(self, identity: str, **options: Unpack[BalanceOptions]) -> None:
+        """Start replica ``identity``; ``options`` replace the simulation's own."""
+        defaults: BalanceOptions = {
+            "clock": self.clock,
+            "prefer": self.prefer,
+            "busy": self.busy.__contains__,
+        }
+        merged: BalanceOptions = {**defaults, **options}
+        balancer = Balancer(self.backend, identity, TIMINGS, **merged)
         electors = [
             Elector(
                 self.backend,
@@ -186,16 +190,19 @@ def test_a_busy_lease_is_not_moved_until_its_work_is_done() -> None:
 
 
 def test_a_busy_predicate_that_raises_does_not_stop_balancing() -> None:
-    def broken(_name: str) -> bool:
+    asked: list[str] = []
+
+    def broken(name: str) -> bool:
+        asked.append(name)
         raise RuntimeError("boom")
 
     sim = Sim(2)
-    sim.add("a")
+    sim.add("a", busy=broken)
     sim.run(2)
-    sim.replicas["a"].balancer._busy = broken
     sim.add("b")
     sim.settle_within(3 * TTL)
     assert sim.counts() == {"a": 1, "b": 1}
+    assert asked  # the shed was decided with the broken predicate, not around it
 
 
 def test_affinity_puts_a_lease_on_its_preferred_replica() -> None:
@@ -221,18 +228,17 @@ def test_without_membership_every_lease_still_gets_a_leader() -> None:
         raise BackendUnavailableError("store down")
 
     for r in sim.replicas.values():
-        r.balancer.membership.heartbeat = down  # type: ignore[method-assign]
-        r.balancer.membership.members = down  # type: ignore[method-assign]
+        r.balancer.membership.heartbeat = down  # type: ignore[method-assign,assignment]
+        r.balancer.membership.members = down  # type: ignore[method-assign,assignment]
     sim.run(2 * TTL)
     assert None not in sim.holders.values()
 
 
 def test_min_tenure_pins_a_lease() -> None:
     sim = Sim(2)
-    sim.add("a")
+    sim.add("a", min_tenure={"l0": 1e9, "l1": 1e9})
     sim.run(1)
     assert set(sim.holders.values()) == {"a"}
-    sim.replicas["a"].balancer._min_tenure = {"l0": 1e9, "l1": 1e9}
     sim.add("b")
     sim.run(4 * TTL)
     assert set(sim.holders.values()) == {"a"}  # unbalanced, but pinned
@@ -333,8 +339,8 @@ def test_a_replica_that_cannot_reach_the_store_still_contends() -> None:
         raise BackendUnavailableError("store down")
 
     balancer = Balancer(backend, "a", TIMINGS, warmup=0)
-    balancer.membership.heartbeat = down  # type: ignore[method-assign]
-    balancer.membership.members = down  # type: ignore[method-assign]
+    balancer.membership.heartbeat = down  # type: ignore[method-assign,assignment]
+    balancer.membership.members = down  # type: ignore[method-assign,assignment]
     balancer.add(Elector(backend, "l0", identity="a", timings=TIMINGS, gate=balancer))
     balancer.start()
     try:
