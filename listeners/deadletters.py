@@ -53,7 +53,7 @@ class DeadLetterStore:
         collection: str = "dead_letters",
         gaps_collection: str = "gaps",
     ) -> None:
-        self._client, self._owned = mongo.client(client_or_url, timeout=3.0, socket_timeout=5.0)
+        self._client, self._owned = mongo.client(client_or_url, mongo.Timeouts.STORE)
         self.dead_letters = self._client[database][collection]
         self.gaps = self._client[database][gaps_collection]
 

@@ -64,7 +64,7 @@ class MongoCheckpointStore(CheckpointStore):
         *,
         unsafe_disable_fencing: bool = False,
     ) -> None:
-        self._client, self._owned = mongo.client(client_or_url, timeout=3.0, socket_timeout=5.0)
+        self._client, self._owned = mongo.client(client_or_url, mongo.Timeouts.STORE)
         self._fenced = not unsafe_disable_fencing
         self._coll = self._client[database][collection]
 

@@ -2,8 +2,8 @@
 
 The lease backend, the checkpoint store, the listener runner and the Elasticsearch copy all talk
 to MongoDB; they classify errors with :func:`classify`, translate them with :func:`translate`,
-build clients with :func:`client` and read the cluster time with :func:`cluster_time`, so that a
-code added here is understood everywhere.
+build clients with :func:`client` (bounded by one of the named :class:`Timeouts`) and read the
+cluster time with :func:`cluster_time`, so that a code added here is understood everywhere.
 
 Error classes follow the drivers' change-streams and retryable-operations specs: network errors,
 ``CursorNotFound`` and the ``ResumableChangeStreamError`` / ``RetryableWriteError`` labels are
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from bson.timestamp import Timestamp
 
@@ -34,6 +35,7 @@ from singleton.redact import redact
 
 if TYPE_CHECKING:
     from pymongo import MongoClient
+    from pymongo.errors import OperationFailure
 
 ErrorKind = Literal["history_lost", "permission", "too_large", "transient", "fatal"]
 
@@ -86,18 +88,7 @@ def classify(exc: BaseException) -> ErrorKind:
     import pymongo.errors as pe
 
     if isinstance(exc, pe.OperationFailure):
-        message = str(exc).lower()
-        if exc.code in HISTORY_LOST_CODES or any(m in message for m in HISTORY_LOST_MESSAGES):
-            return "history_lost"
-        if exc.code in PERMISSION_CODES or "not authorized" in message:
-            return "permission"
-        if exc.code in TOO_LARGE_CODES:
-            return "too_large"
-        if exc.code in TRANSIENT_CODES or exc.timeout:
-            return "transient"
-        if any(exc.has_error_label(label) for label in _TRANSIENT_LABELS):
-            return "transient"
-        return "fatal"
+        return _classify_answer(exc)
     if isinstance(exc, BackendUnavailableError):
         return "transient"
     if isinstance(exc, PermissionDeniedError):
@@ -113,6 +104,23 @@ def classify(exc: BaseException) -> ErrorKind:
     if isinstance(exc, (pe.InvalidOperation, pe.ConfigurationError, SingletonError)):
         return "fatal"
     if isinstance(exc, pe.PyMongoError):
+        return "transient"
+    return "fatal"
+
+
+def _classify_answer(exc: OperationFailure) -> ErrorKind:
+    """What an answer of the server's own means: by its code or its words, then by the spec's
+    error labels."""
+    message = str(exc).lower()
+    if exc.code in HISTORY_LOST_CODES or any(m in message for m in HISTORY_LOST_MESSAGES):
+        return "history_lost"
+    if exc.code in PERMISSION_CODES or "not authorized" in message:
+        return "permission"
+    if exc.code in TOO_LARGE_CODES:
+        return "too_large"
+    if exc.code in TRANSIENT_CODES or exc.timeout:
+        return "transient"
+    if any(exc.has_error_label(label) for label in _TRANSIENT_LABELS):
         return "transient"
     return "fatal"
 
@@ -143,32 +151,90 @@ def translate(what: str) -> Iterator[None]:
         raise BackendError(f"{what}: {detail}{code}") from exc
 
 
+@dataclass(frozen=True)
+class Timeouts:
+    """How long a client built by :func:`client` waits, in seconds: ``connect`` bounds server
+    selection and the connection handshake, ``socket`` one reply on an open connection. A caller
+    names its use, never a pair of numbers:
+
+    * :attr:`STORE` (3 s / 5 s), the default: the stores on a listener's path (checkpoints, dead
+      letters, the runner's own client). A call stuck on a dead primary fails well inside a
+      renew interval, so the tenure learns of it while its lease still holds.
+    * :meth:`lease_bound` (3 s / the lease ttl, at least 5 s): the replica's one client, shared by
+      every runner and store it hosts; a reply may take as long as the lease it serves.
+    * :attr:`COMMAND` (5 s / 7 s): one command a person waits for (``singleton dead-letters``,
+      the drill's harness), over links slower than a replica's.
+    * :attr:`BULK_READ` (10 s / 60 s): ``singleton verify`` scanning a whole collection, where one
+      batch of a large scan may take long.
+    * :attr:`BULK_WRITE` (5 s / 30 s): the demo and the drill seeding their data (``insert_many``).
+    * :attr:`PROBE` (0.5 s / 2.5 s): "is the server up yet?", asked in a loop.
+    * :meth:`within` (``s`` / ``s``): everything inside one deadline (``singleton status``).
+    """
+
+    connect: float
+    socket: float
+
+    STORE: ClassVar[Timeouts]
+    COMMAND: ClassVar[Timeouts]
+    BULK_READ: ClassVar[Timeouts]
+    BULK_WRITE: ClassVar[Timeouts]
+    PROBE: ClassVar[Timeouts]
+
+    def __post_init__(self) -> None:
+        for label, value in (("connect", self.connect), ("socket", self.socket)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigurationError(f"MongoDB {label} timeout must be > 0 s, got {value!r}")
+
+    @classmethod
+    def within(cls, seconds: float) -> Timeouts:
+        return cls(seconds, seconds)
+
+    @classmethod
+    def lease_bound(cls, ttl: float) -> Timeouts:
+        return cls(cls.STORE.connect, max(cls.STORE.socket, ttl))
+
+
+Timeouts.STORE = Timeouts(3.0, 5.0)
+Timeouts.COMMAND = Timeouts(5.0, 7.0)
+Timeouts.BULK_READ = Timeouts(10.0, 60.0)
+Timeouts.BULK_WRITE = Timeouts(5.0, 30.0)
+Timeouts.PROBE = Timeouts(0.5, 2.5)
+
+
 def client(
     client_or_url: MongoClient[dict[str, Any]] | str,
+    timeouts: Timeouts | None = None,
     *,
-    timeout: float = 3.0,
+    timeout: float | None = None,
     socket_timeout: float | None = None,
 ) -> tuple[MongoClient[dict[str, Any]], bool]:
-    """``(client, owned)``. A URL becomes a client that is owned by the caller (close it), with
-    server selection and connection bounded by ``timeout`` seconds, socket reads by
-    ``socket_timeout`` (default ``timeout + 2``), timezone-aware datetimes, and no connection
-    until first use. A client passed in is returned as it is, not owned."""
+    """``(client, owned)``. A URL becomes a client that is owned by the caller (close it),
+    bounded by ``timeouts`` (default :attr:`Timeouts.STORE`), with timezone-aware datetimes and
+    no connection until first use. A client passed in is returned as it is, not owned.
+
+    ``timeout`` / ``socket_timeout`` are the older spelling (``socket_timeout`` defaulting to
+    ``timeout + 2``), kept only until the last callers name a :class:`Timeouts`."""
     import pymongo
 
+    if timeout is not None or socket_timeout is not None:
+        if timeouts is not None:
+            raise ConfigurationError("pass either timeouts or timeout/socket_timeout, not both")
+        connect = Timeouts.STORE.connect if timeout is None else timeout
+        timeouts = Timeouts(connect, connect + 2.0 if socket_timeout is None else socket_timeout)
+    timeouts = timeouts or Timeouts.STORE
     if isinstance(client_or_url, pymongo.MongoClient):
         return client_or_url, False
     if not isinstance(client_or_url, str):
         raise ConfigurationError(
             f"expected a pymongo.MongoClient or a URL string, got {type(client_or_url)!r}"
         )
-    ms = max(1, int(timeout * 1000))
-    socket_ms = ms + 2000 if socket_timeout is None else max(1, int(socket_timeout * 1000))
+    ms = max(1, int(timeouts.connect * 1000))
     try:
         built: MongoClient[dict[str, Any]] = pymongo.MongoClient(
             client_or_url,
             serverSelectionTimeoutMS=ms,
             connectTimeoutMS=ms,
-            socketTimeoutMS=socket_ms,
+            socketTimeoutMS=max(1, int(timeouts.socket * 1000)),
             tz_aware=True,
             connect=False,
         )

@@ -1,10 +1,10 @@
 """One fire time of a leader-only job: misfire check, fenced claim, call, outcome.
 
-Split from :mod:`singleton.jobs.scheduler` (tenures and the scheduler). The order is what makes a
-fire time
-run at most once per claim and exactly once across a takeover: the claim is the only gate, taken
-in the store under the job's lease (holder *and* token) before the call, and refused for a fire
-time at or before the latest claimed one. A claim with an unknown outcome is not run.
+The scheduler (:mod:`singleton.jobs.scheduler`) decides *when* a tenure takes fire times; this
+module is what happens to each one it hands over, and the order is what makes a fire time run
+at most once per claim and exactly once across a takeover: the claim is the only gate, taken in
+the store under the job's lease (holder *and* token) before the call, and refused for a fire time
+at or before the latest claimed one. A claim with an unknown outcome is not run.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from singleton.clock import Clock
 from singleton.election.elector import Elector
 from singleton.election.leadership import Leadership
 from singleton.errors import LeaseLostError, SingletonError
-from singleton.jobs.context import JobContext, JobStatus, due_fire_times, epoch_ms
+from singleton.jobs.context import JobContext, JobStatus
+from singleton.jobs.triggers import due_fire_times, epoch_ms
 from singleton.lease.contract import LeaseBackend
 from singleton.retry import Backoff
 

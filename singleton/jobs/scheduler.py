@@ -41,15 +41,9 @@ from singleton.election.elector import Elector, default_identity
 from singleton.election.gate import Gate
 from singleton.election.leadership import Leadership
 from singleton.errors import ConfigurationError, SingletonError
-from singleton.jobs.context import (
-    ANCHOR,
-    JobContext,
-    JobStatus,
-    due_fire_times,
-    from_ms,
-    next_fire_after,
-)
+from singleton.jobs.context import JobContext, JobStatus
 from singleton.jobs.fire import ClaimingExecutor, FireRunner, JobFunction, JobState
+from singleton.jobs.triggers import ANCHOR, due_fire_times, from_ms, next_fire_after
 from singleton.lease.contract import LeaseBackend
 from singleton.lease.timings import LeaseTimings
 from singleton.retry import Backoff
@@ -64,7 +58,7 @@ class LeaderScheduler:
     """Jobs that run only on the replica holding each job's lease; every fire time once.
 
     ``add_job(func, trigger, name=..., **trigger_args)`` as with APScheduler (``"interval"``
-    counts from :data:`~singleton.jobs.context.ANCHOR` unless given a ``start_date``); ``func``
+    counts from :data:`~singleton.jobs.triggers.ANCHOR` unless given a ``start_date``); ``func``
     is called as ``func(ctx)`` with a :class:`JobContext`. ``max_failures`` consecutive calls
     that raise fail the tenure (one ERROR, the lease resigned for a cooldown doubling from
     ``max(ttl, 1 s)`` to ``max_failure_cooldown``); 0 never does.

@@ -1,15 +1,24 @@
-"""Building a replica's parts from the configuration: listeners (one per partition), the
-scheduler of its jobs, and the start-up checks that need no running replica."""
+"""What the configuration makes: the leases its listeners hold, the listeners themselves (one
+per partition), the scheduler of its jobs, and the start-up checks that need no running replica.
+
+Not part of :mod:`singleton.service.replica`, because the replica is only one of its readers:
+``singleton status`` and ``singleton dead-letters`` need the listeners' lease names without
+building a listener (a listener's ``__init__`` is user code, and those commands must work from
+any machine without running it), and ``singleton verify`` builds only the Elasticsearch ones.
+The lease names are derived here once, by :func:`listener_name` and
+:func:`~listeners.stream.partition.layout_names`; :func:`placed_listeners` builds each listener
+under the name derived for it and refuses one whose ``__init__`` renamed itself, so what
+``status`` reads is what the replica holds.
+"""
 
 from __future__ import annotations
 
 from loguru import logger
 
 from listeners.base import ChangeStreamListener
-from listeners.stream.partition import Partition
+from listeners.stream.partition import Partition, layout_names
 from singleton.balance.balancer import Balancer
 from singleton.errors import ConfigurationError, SingletonError
-from singleton.jobs.context import make_trigger
 from singleton.jobs.scheduler import LeaderScheduler
 from singleton.lease.contract import LeaseBackend
 from singleton.redact import redact
@@ -36,6 +45,40 @@ def build_listener(lc: ListenerConfig, config: Config) -> ChangeStreamListener:
         raise ConfigurationError(f"listener {lc.use!r}: {type(exc).__name__}: {exc}") from exc
 
 
+def listener_name(lc: ListenerConfig) -> str:
+    """The name a ``[[listeners]]`` table's listener goes by (its lease and checkpoint key when
+    it has one partition): the table's ``name``, else its class's, else ``database.collection``
+    (``database.*`` for a whole database), each option read from the table, else the class, as
+    :class:`~listeners.base.ChangeStreamListener` names itself. Imports the class; never
+    instantiates it."""
+    cls = listener_kind(lc.use).cls
+
+    def option(key: str) -> object:
+        return lc.options[key] if key in lc.options else getattr(cls, key, None)
+
+    name, database, collection = option("name"), option("database"), option("collection")
+    if name is None:
+        if not isinstance(database, str) or not database:
+            raise ConfigurationError(
+                f"listener {lc.use!r}: database must be a database name, got {database!r}"
+                " (in its table or on its class, where singleton status reads it)"
+            )
+        return f"{database}.{collection or '*'}"
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(
+            f"listener {lc.use!r}: name must be a non-empty string, got {name!r}"
+        )
+    return name
+
+
+def lease_names(config: Config) -> list[str]:
+    """Every configured listener's lease names, in order (``name.<i>-of-<K>`` for each of
+    ``partitions = K``), without running any listener's code; they must be unique."""
+    names = [n for lc in config.listeners for n in layout_names(listener_name(lc), lc.partitions)]
+    _unique(names)
+    return names
+
+
 def build_listeners(config: Config) -> list[ChangeStreamListener]:
     """Every configured listener, one instance per partition (``partitions = K``); their lease
     names must be unique."""
@@ -43,21 +86,34 @@ def build_listeners(config: Config) -> list[ChangeStreamListener]:
 
 
 def placed_listeners(config: Config) -> list[tuple[ChangeStreamListener, ListenerConfig]]:
-    """:func:`build_listeners`, each with the table it came from (for its placement keys)."""
-    built = []
+    """:func:`build_listeners`, each with the table it came from (for its placement keys), each
+    under the lease name :func:`lease_names` gives it."""
+    built: list[tuple[ChangeStreamListener, ListenerConfig]] = []
     for lc in config.listeners:
-        if lc.partitions == 1:
-            built.append((build_listener(lc, config), lc))
-            continue
+        table: list[tuple[ChangeStreamListener, ListenerConfig]] = []
         for i in range(lc.partitions):
             listener = build_listener(lc, config)
-            listener.partition = Partition(i, lc.partitions)
-            built.append((listener, lc))
-    names = [listener.lease_name for listener, _ in built]
+            if lc.partitions > 1:
+                listener.partition = Partition(i, lc.partitions)
+            table.append((listener, lc))
+        # Derived after building, so that a user's __init__ that fails still says so first.
+        expected = layout_names(listener_name(lc), lc.partitions)
+        for (listener, _), lease in zip(table, expected, strict=True):
+            if listener.lease_name != lease:
+                raise ConfigurationError(
+                    f"listener {lc.use!r} named itself {listener.lease_name!r} in __init__, but"
+                    f" its table and class name it {lease!r}: set name in the table or on the"
+                    " class (singleton status names leases without building listeners)"
+                )
+        built += table
+    _unique([listener.lease_name for listener, _ in built])
+    return built
+
+
+def _unique(names: list[str]) -> None:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigurationError(f"listener names must be unique, repeated: {', '.join(dupes)}")
-    return built
 
 
 def build_scheduler(
@@ -70,7 +126,7 @@ def build_scheduler(
     for job in config.jobs:
         scheduler.add_job(
             job_function(job.use),
-            make_trigger(job.every, job.cron),
+            job.trigger,
             name=job.name,
             coalesce=job.coalesce,
             misfire_grace_time=job.misfire_grace,

@@ -237,15 +237,15 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     them through the listener's path (with their original versions); ``purge`` deletes them."""
     from listeners.deadletters import DeadLetterStore
     from singleton.drivers import mongo
-    from singleton.service.assembly import build_listeners
+    from singleton.service.assembly import lease_names
 
     config = config_from_args(args)
-    names = [listener.lease_name for listener in build_listeners(config)]
+    names = lease_names(config)
     if args.listener_name not in names:
         raise ConfigurationError(
             f"--listener {args.listener_name!r} is not configured; configured: {', '.join(names)}"
         )
-    client, _ = mongo.client(config.mongo_url, timeout=5.0)
+    client, _ = mongo.client(config.mongo_url, mongo.Timeouts.COMMAND)
     store = DeadLetterStore(client, database=config.namespace)
     try:
         if args.action == "list":

@@ -161,9 +161,7 @@ class Replica:
     def _host_listeners(self) -> None:
         unsafe = self.switches.unsafe_disable_fencing
         self.mongo, _ = mongo.client(
-            self.config.mongo_url,
-            timeout=3.0,
-            socket_timeout=max(5.0, self.config.lease.ttl),
+            self.config.mongo_url, mongo.Timeouts.lease_bound(self.config.lease.ttl)
         )
         self.checkpoints = make_checkpoint_store(
             self.config, self.mongo, unsafe_disable_fencing=unsafe

@@ -19,10 +19,10 @@ from typing import Any
 from singleton.balance.balancer import DEFAULT_GROUP, share_of
 from singleton.drivers import mongo
 from singleton.errors import SingletonError
-from singleton.jobs.context import from_ms, make_trigger, next_fire_after
+from singleton.jobs.triggers import from_ms, next_fire_after
 from singleton.lease.contract import LeaseBackend, Member
 from singleton.redact import redact
-from singleton.service.assembly import build_listeners
+from singleton.service.assembly import lease_names
 from singleton.service.config import Config, JobConfig
 from singleton.service.registry import make_backend, make_checkpoint_store
 
@@ -49,7 +49,7 @@ def _job_entry(backend: LeaseBackend, job: JobConfig) -> dict[str, Any]:
     facts = backend.recall(job.name)
     last = from_ms(claims[0].fire_ms) if claims else None
     now = dt.datetime.now(dt.timezone.utc)  # display only: the leader decides with its own
-    nxt = next_fire_after(make_trigger(job.every, job.cron), last, now)
+    nxt = next_fire_after(job.trigger, last, now)
     outcome_fire = facts.get("last_outcome_fire")
     entry.update(
         last_fire=None if last is None else last.isoformat(),
@@ -105,11 +105,11 @@ def cluster_status(
 ) -> dict[str, Any]:
     """``{"leases": [...], "checkpoints": [...], "jobs": [...], "errors": [...]}`` for every
     configured listener (and ``extra_leases``) and job, read in parallel within ``timeout``
-    seconds in all."""
-    listener_names = [listener.lease_name for listener in build_listeners(config)]
+    seconds in all. Builds no listener: their lease names come from the configuration."""
+    listener_names = lease_names(config)
     names = listener_names + list(extra_leases or [])
     backend = make_backend(config)
-    client, _ = mongo.client(config.mongo_url, timeout=timeout, socket_timeout=timeout)
+    client, _ = mongo.client(config.mongo_url, mongo.Timeouts.within(timeout))
     store = make_checkpoint_store(config, client) if listener_names else None
     pool = ThreadPoolExecutor(max_workers=min(16, 2 + 2 * len(names) + len(config.jobs)))
     try:

@@ -28,8 +28,9 @@ from listeners.elasticsearch.transport import Transport, make_transport, path_in
 from listeners.elasticsearch.versioning import timestamp_version
 from singleton.drivers import mongo
 from singleton.errors import ConfigurationError, SinkError
-from singleton.service.assembly import build_listeners
+from singleton.service.assembly import build_listener, lease_names, listener_name
 from singleton.service.config import Config
+from singleton.service.registry import listener_kind
 
 #: Bulk actions per repair request.
 REPAIR_BATCH = 1000
@@ -70,15 +71,16 @@ class Report:
 
 def es_listeners(config: Config, name: str | None) -> list[ElasticsearchSync]:
     """The configured ElasticsearchSync listeners (only ``name`` when given); a partitioned
-    one once, whole (its partitions share one index)."""
+    one once, whole (its partitions share one index). No other listener is built."""
+    lease_names(config)  # unique, as a replica requires
     found: list[ElasticsearchSync] = []
-    for listener in build_listeners(config):
-        if not isinstance(listener, ElasticsearchSync) or (
-            listener.partition is not None and (listener.partition.index > 0)
+    for lc in config.listeners:
+        if issubclass(listener_kind(lc.use).cls, ElasticsearchSync) and name in (
+            None,
+            listener_name(lc),
         ):
-            continue
-        listener.partition = None
-        if name in (None, listener.lease_name):
+            listener = build_listener(lc, config)
+            assert isinstance(listener, ElasticsearchSync)  # its kind's class, just checked
             found.append(listener)
     if not found:
         what = f"named {name!r}" if name else "at all"
@@ -98,7 +100,7 @@ def verify(
     judged from a sample and are not looked for)."""
     if sample is not None and sample < 1:
         raise ConfigurationError(f"--sample must be >= 1, got {sample}")
-    client, _ = mongo.client(config.mongo_url, timeout=10.0, socket_timeout=60.0)
+    client, _ = mongo.client(config.mongo_url, mongo.Timeouts.BULK_READ)
     try:
         return [
             _verify_one(listener, client, repair, sample) for listener in es_listeners(config, name)

@@ -13,8 +13,11 @@ from typing import Any
 import pymongo
 import pytest
 
+from listeners.base import ChangeStreamListener
+from singleton.errors import ConfigurationError
 from singleton.lease.contract import LeaseBackend
-from singleton.service.config import Config
+from singleton.service.assembly import build_listeners
+from singleton.service.config import Config, load_config
 from singleton.service.dev.embedded import free_port, wait_until
 from singleton.service.registry import make_backend
 from tests.integration.cluster import ReplicaProc, status_json, store_args
@@ -210,3 +213,37 @@ def test_wrong_password_never_reaches_the_logs(
     finally:
         proc.stop()
     assert "hunter2" not in proc.log()
+
+
+class RunsUserCode(ChangeStreamListener):
+    """A user's listener whose ``__init__`` leaves a mark (the file named by ``marker``) and
+    raises: ``singleton status`` must never construct it."""
+
+    database = "shop"
+    collection = "orders"
+    extra_options = frozenset({"marker"})
+
+    def __init__(self, **options: Any) -> None:
+        Path(str(options["marker"])).write_text("constructed")
+        raise RuntimeError("user __init__ ran")
+
+
+def test_status_names_every_lease_without_running_listener_code(
+    redis_url: str, mongo_url: str, unique: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "constructed"
+    use = f'use = "{__name__}:RunsUserCode"\nmarker = "{marker}"\n'
+    config = tmp_path / "singleton.toml"
+    config.write_text(f'[[listeners]]\n{use}partitions = 2\n\n[[listeners]]\n{use}name = "audit"\n')
+    status = status_json(
+        ["--config", str(config), *store_args("redis", redis_url, mongo_url, unique)]
+    )
+    expected = ["shop.orders.0-of-2", "shop.orders.1-of-2", "audit"]
+    leases: Any = status["leases"]
+    checkpoints: Any = status["checkpoints"]
+    assert [lease["name"] for lease in leases] == expected
+    assert [cp["name"] for cp in checkpoints] == expected
+    assert not marker.exists()
+    with pytest.raises(ConfigurationError, match="user __init__ ran"):  # it does raise when built
+        build_listeners(load_config(config))
+    assert marker.exists()

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from listeners.base import ChangeStreamListener
+from singleton.errors import ConfigurationError
 from singleton.redact import redact
-from singleton.service.assembly import build_listeners
+from singleton.service.assembly import build_listeners, lease_names
 from singleton.service.cli import main
-from singleton.service.config import ConfigurationError, load_config
+from singleton.service.config import load_config
 
 TOML = """
 backend = "redis"
@@ -232,3 +233,80 @@ def test_balance_is_a_boolean(tmp_path: Path) -> None:
     path.write_text('balance = "yes"\n', encoding="utf-8")
     with pytest.raises(ConfigurationError, match="balance must be true or false, got 'yes'"):
         load_config(path)
+
+
+# -- lease names, from the configuration alone -------------------------------------------------
+class Counted(ChangeStreamListener):
+    """A user's listener that names itself on the class and counts its constructions."""
+
+    database = "shop"
+    collection = "orders"
+    built = 0
+
+    def __init__(self, **options: object) -> None:
+        type(self).built += 1
+        super().__init__(**options)
+
+
+class Renames(ChangeStreamListener):
+    """A user's listener that names itself in ``__init__``: invisible to ``status``."""
+
+    def __init__(self, **options: object) -> None:
+        super().__init__(**options)
+        self.name = f"{self.database}-renamed"
+
+
+_NAMED = [
+    ('use = "logging"\nname = "n"\ndatabase = "d"\n', ["n"]),
+    ('use = "logging"\ndatabase = "d"\ncollection = "c"\n', ["d.c"]),
+    ('use = "logging"\ndatabase = "d"\n', ["d.*"]),  # a whole database
+    ('use = "tests.unit.test_config:Counted"\n', ["shop.orders"]),  # from the class
+    ('use = "tests.unit.test_config:Counted"\ncollection = "x"\n', ["shop.x"]),
+    ('use = "logging"\nname = "p"\ndatabase = "d"\npartitions = 2\n', ["p.0-of-2", "p.1-of-2"]),
+]
+
+
+@pytest.mark.parametrize(("table", "names"), _NAMED)
+def test_lease_names_come_from_the_table_and_class_as_the_replica_names_them(
+    tmp_path: Path, table: str, names: list[str]
+) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text("[[listeners]]\n" + table, encoding="utf-8")
+    config = load_config(path)
+    Counted.built = 0
+    assert lease_names(config) == names
+    assert Counted.built == 0  # no listener was constructed
+    assert [listener.lease_name for listener in build_listeners(config)] == names
+
+
+def test_a_listener_that_renames_itself_in_init_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('[[listeners]]\nuse = "tests.unit.test_config:Renames"\ndatabase = "d"\n')
+    config = load_config(path)
+    assert lease_names(config) == ["d.*"]
+    with pytest.raises(ConfigurationError, match="named itself 'd-renamed' in __init__"):
+        build_listeners(config)
+
+
+def test_lease_names_refuse_what_the_listener_would(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('[[listeners]]\nuse = "logging"\ncollection = "c"\n', encoding="utf-8")
+    with pytest.raises(ConfigurationError, match="database must be a database name, got None"):
+        lease_names(load_config(path))
+    path.write_text(TOML + TOML.split("\n\n")[-1])
+    with pytest.raises(ConfigurationError, match="repeated: orders-log"):
+        lease_names(load_config(path))
+
+
+def test_dead_letters_builds_no_listener(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``Exploding.__init__`` raises: ``dead-letters`` checks its ``--listener`` against the
+    lease names without constructing it, where ``run`` does (exit 2). (``status``: in
+    tests/integration/test_service.py, against real stores.)"""
+    path = tmp_path / "s.toml"
+    path.write_text('[[listeners]]\nuse = "tests.unit.test_config:Exploding"\ndatabase = "d"\n')
+    assert main(["dead-letters", "list", "--listener", "nope", "--config", str(path)]) == 2
+    assert "'nope' is not configured; configured: d.*" in capsys.readouterr().err
+    assert main(["run", "--config", str(path)]) == 2
+    assert "RuntimeError: boom" in capsys.readouterr().err

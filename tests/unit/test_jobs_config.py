@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from apscheduler.triggers.cron import CronTrigger
 
 from singleton.errors import ConfigurationError
 from singleton.service.cli import main
@@ -16,6 +17,7 @@ from singleton.service.config import load_config
 from singleton.service.drill.jobs import check_job
 from singleton.service.registry import job_function
 from singleton.service.replica import Replica
+from singleton.service.status import _job_entry
 from singleton.testing import MemoryLeaseBackend
 
 JOB = '[[jobs]]\nuse = "tests.integration.job_support:record"\nname = "report"\n'
@@ -89,6 +91,21 @@ def test_a_replica_with_only_jobs_is_valid(tmp_path: Path) -> None:
         Replica(load_config(write(tmp_path, "")), backend=MemoryLeaseBackend())
 
 
+def test_the_trigger_is_built_once_when_the_config_is_read(tmp_path: Path) -> None:
+    """The job's record carries its trigger: the scheduler schedules that very object, and
+    ``singleton status`` walks it (no second parse of ``every`` / ``cron``)."""
+    config = load_config(write(tmp_path, JOB + 'cron = "*/5 * * * *"\n'))
+    [job] = config.jobs
+    assert isinstance(job.trigger, CronTrigger)
+    assert "trigger" not in config.redacted()["jobs"][0]  # not a key of the table
+    replica = Replica(config, backend=MemoryLeaseBackend())
+    assert replica.jobs is not None
+    aps = replica.jobs.scheduler.get_job("report")
+    assert aps is not None and aps.trigger is job.trigger
+    entry = _job_entry(MemoryLeaseBackend(), job)  # what `singleton status` shows of it
+    assert str(entry["next_fire"]).endswith(("0:00+00:00", "5:00+00:00"))
+
+
 def test_a_job_function_with_the_wrong_signature_is_refused(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, '[[jobs]]\nuse = "os:getcwd"\nname = "r"\nevery = 1\n'))
     with pytest.raises(ConfigurationError, match="job 'r'"):
@@ -154,6 +171,6 @@ def test_the_balancer_leaves_a_syncing_listener_where_it_is(tmp_path: Path) -> N
     replica = Replica(config, backend=MemoryLeaseBackend())
     replica.hosted = [hosted("orders", "syncing"), hosted("users", "streaming")]
     assert replica.balancer is not None
-    assert replica.balancer._is_busy("orders")
-    assert not replica.balancer._is_busy("users")
-    assert not replica.balancer._is_busy("report")  # a job's lease
+    assert replica.balancer.machine._is_busy("orders")
+    assert not replica.balancer.machine._is_busy("users")
+    assert not replica.balancer.machine._is_busy("report")  # a job's lease

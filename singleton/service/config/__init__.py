@@ -152,7 +152,10 @@ class Config:
             elif f.name == "listeners":
                 value = [lc.as_table() for lc in value]
             elif f.name == "jobs":
-                value = [{jf.name: getattr(jc, jf.name) for jf in fields(jc)} for jc in value]
+                # the table's keys, not what was built from them (the trigger)
+                value = [
+                    {jf.name: getattr(jc, jf.name) for jf in fields(jc) if jf.init} for jc in value
+                ]
             out[f.name] = value
         return out
 

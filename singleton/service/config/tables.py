@@ -1,22 +1,29 @@
-"""The ``[[listeners]]`` and ``[[jobs]]`` tables of ``singleton.toml``, checked one by one.
+"""The workload of ``singleton.toml``: its ``[[listeners]]`` and ``[[jobs]]`` tables, each checked
+on its own and turned into the record the service runs from (a job's record carries its trigger).
+
+A module of its own because it is a different idea from the package's ``__init__``: there, the
+service's settings and the file -> environment -> flags layering that fills them; here, arrays
+of tables that are never layered, each validated against its own keys, and the records
+(:class:`ListenerConfig`, :class:`JobConfig`) that the replica, ``status`` and ``verify`` read.
 
 Besides a listener's own options, a ``[[listeners]]`` table takes the service's placement keys,
 which never reach the listener: ``partitions`` (split its stream in K, each its own lease and
-checkpoint: :mod:`listeners.stream.partition`), ``prefer`` (identities that should hold its leases)
-and
-``min_tenure`` (seconds a lease stays put before balancing may move it):
-:mod:`singleton.balance.balancer`.
-``[[jobs]]`` take ``prefer`` and ``min_tenure`` too.
+checkpoint: :mod:`listeners.stream.partition`), ``prefer`` (identities that should hold its
+leases) and ``min_tenure`` (seconds a lease stays put before balancing may move it:
+:mod:`singleton.balance.balancer`). ``[[jobs]]`` take ``prefer`` and ``min_tenure`` too.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from singleton.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from apscheduler.triggers.base import BaseTrigger
 
 #: Keys of a ``[[listeners]]`` table that the service takes for itself.
 PLACEMENT_KEYS = ("partitions", "prefer", "min_tenure")
@@ -103,6 +110,14 @@ class JobConfig:
     max_instances: int = 1
     prefer: tuple[str, ...] = ()
     min_tenure: float = 0.0
+    #: Built from ``every`` or ``cron`` once, here: the scheduler, ``singleton status`` and the
+    #: checks all read this one (not a key of the table).
+    trigger: BaseTrigger = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        from singleton.jobs.triggers import make_trigger
+
+        object.__setattr__(self, "trigger", make_trigger(self.every, self.cron))
 
 
 #: key -> (types, rule); ``use`` and ``name`` are checked apart.
@@ -122,8 +137,6 @@ _JOB_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
 
 def job_config(i: int, table: Mapping[str, Any]) -> JobConfig:
     """Check one ``[[jobs]]`` table, naming the key, the value and the rule."""
-    from singleton.jobs.context import make_trigger
-
     for key, value in table.items():
         if key not in _JOB_KEYS:
             raise ConfigurationError(f"unknown key jobs[{i}].{key}{_suggest(key, _JOB_KEYS)}")
@@ -146,11 +159,10 @@ def job_config(i: int, table: Mapping[str, Any]) -> JobConfig:
         values["prefer"] = _prefer(f"jobs[{i}]", values["prefer"])
     if "min_tenure" in values:
         values["min_tenure"] = _min_tenure(f"jobs[{i}]", values["min_tenure"])
-    job = JobConfig(**values)
     try:
-        make_trigger(job.every, job.cron)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"jobs[{i}] ({job.name}): {exc}") from None
+        job = JobConfig(**values)
+    except ConfigurationError as exc:  # the trigger's: name the job
+        raise ConfigurationError(f"jobs[{i}] ({values['name']}): {exc}") from None
     for key, least in (("misfire_grace", 0), ("max_failures", 0), ("max_instances", 1)):
         value = getattr(job, key)
         if value < least or (key == "misfire_grace" and value == 0):
