@@ -16,15 +16,10 @@ from dataclasses import dataclass
 
 from singleton.balance.membership import MemoryMembership
 from singleton.clock import SYSTEM_CLOCK, Clock
-from singleton.lease.contract import (
-    FireClaim,
-    Lease,
-    LeaseBackend,
-    LeaseState,
-    validate_claim,
-    validate_facts,
-    validate_lease_args,
-)
+from singleton.lease.contract import LeaseBackend
+from singleton.lease.facts import validate_facts
+from singleton.lease.fires import FireClaim, validate_claim
+from singleton.lease.leases import Lease, LeaseState, validate_lease_args
 from singleton.lease.notify import ReleaseNotifier
 
 
@@ -121,6 +116,7 @@ class MemoryLeaseBackend(LeaseBackend):
             return Lease(lease.name, lease.holder, lease.token, ttl)
 
     def release(self, lease: Lease) -> bool:
+        validate_lease_args(lease.name, lease.holder)
         with self._lock:
             self.calls.append(("release", lease.name))
             entry = self._live(lease.name)
@@ -151,6 +147,7 @@ class MemoryLeaseBackend(LeaseBackend):
         *,
         since: int | None = None,
     ) -> bool:
+        validate_lease_args(name)
         return self._notifier.wait(name, timeout, wake, since)
 
     def release_mark(self, name: str) -> int:

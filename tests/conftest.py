@@ -30,7 +30,8 @@ def redis_server() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="session")
 def mongo_server() -> Iterator[MongoServer]:
-    with MongoServer() as server:
+    server = MongoServer()
+    with server:
         yield server
 
 
@@ -38,13 +39,15 @@ def mongo_server() -> Iterator[MongoServer]:
 def faulty_mongo() -> Iterator[MongoServer]:
     """A SecantusDB of the module's own with test commands on, so its fail points hurt no other
     module's server."""
-    with MongoServer(test_commands=True) as server:
+    server = MongoServer(test_commands=True)
+    with server:
         yield server
 
 
 @pytest.fixture(scope="session")
 def es_server() -> Iterator[ElasticServer]:
-    with ElasticServer() as server:
+    server = ElasticServer()
+    with server:
         yield server
 
 
@@ -126,7 +129,8 @@ def make_backend(kind: str, request: pytest.FixtureRequest, unique: str) -> Leas
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, unique: str) -> Iterator[LeaseBackend]:
-    """Every lease backend, each against a real server where it has one."""
+    """Every lease backend, each against a real server where it has one: the contract suite
+    (``tests/integration/test_contract.py``) checks each capability on it."""
     b = make_backend(request.param, request, unique)
     try:
         yield b

@@ -1,1 +1,3 @@
-"""Leases: the contracts, their timings, and the Redis and MongoDB stores."""
+"""Leases and what lives beside them in one store: a contract per capability (``leases``,
+``facts``, ``fires``, ``membership``; ``contract.LeaseBackend`` is all of them), their timings,
+release notifications, and the Redis and MongoDB stores."""

@@ -10,7 +10,7 @@ One document per lease name in ``<database>.<collection>`` (default ``singleton.
      renewedAt: <date>,      # server time of the last grant or renewal
      contendedAt: <date>,    # server time of the last contend (grant or not), for ttl_remaining
      releasedAt: <date>,     # server time of the last release (absent until one)
-     facts: {<str>: <str>},  # LeaseBackend.remember's record: no lease operation touches it
+     facts: {<str>: <str>},  # Facts.remember's record: no lease operation touches it
      lastFire: <int>,        # the latest fire time claim_fire claimed (epoch ms)
      fires: [{fire, token, holder}]}  # the latest ``keep`` claims, latest first
 
@@ -52,14 +52,9 @@ from pymongo.write_concern import WriteConcern
 from singleton.balance.stores import MongoMembership
 from singleton.drivers.mongo import classify, client, translate
 from singleton.errors import BackendError, ConfigurationError
-from singleton.lease.contract import (
-    FireClaim,
-    Lease,
-    LeaseState,
-    validate_claim,
-    validate_facts,
-    validate_lease_args,
-)
+from singleton.lease.facts import validate_facts
+from singleton.lease.fires import FireClaim, validate_claim
+from singleton.lease.leases import Lease, LeaseState, validate_lease_args
 from singleton.lease.notify import ReleaseFeed
 from singleton.lease.server import ServerLeaseBackend
 from singleton.redact import redact

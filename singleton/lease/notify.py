@@ -1,8 +1,7 @@
 """Release notifications: the in-process fan-out to waiters, and the feed that fills it.
 
 Failure model: a feed (a Redis pub/sub subscription, a MongoDB change stream) only shortens
-:meth:`~singleton.lease.contract.LeaseBackend.wait_for_release`. While it is down, waiters run to
-their
+:meth:`~singleton.lease.leases.Leases.wait_for_release`. While it is down, waiters run to their
 timeout and their caller contends again, so a lost notification costs latency, never safety. The
 feed's thread reopens it with :class:`~singleton.retry.Backoff` delays until the backend closes.
 
@@ -128,7 +127,7 @@ class ReleaseFeed:
         self._notifier.notify(name)
 
     def mark(self, name: str) -> int:
-        """:meth:`~singleton.lease.contract.LeaseBackend.release_mark` on this feed (without
+        """:meth:`~singleton.lease.leases.Leases.release_mark` on this feed (without
         starting it)."""
         return self._notifier.mark(name)
 
@@ -144,7 +143,7 @@ class ReleaseFeed:
         wake: threading.Event | None = None,
         since: int | None = None,
     ) -> bool:
-        """:meth:`~singleton.lease.contract.LeaseBackend.wait_for_release` on this feed."""
+        """:meth:`~singleton.lease.leases.Leases.wait_for_release` on this feed."""
         if since is not None and self._notifier.mark(name) > since:
             return True
         self._start()

@@ -11,9 +11,9 @@ Layout, under ``namespace`` (default ``singleton``):
   to a replica that had not seen the last writes), as long as Redis's clock does not step back
   and fewer than 1,000 grants a second are made of one name.
 * ``<ns>:facts:<name>``: a hash, never expiring, never touched by the lease scripts: what
-  :meth:`~singleton.lease.contract.LeaseBackend.remember` merged (one ``HSET``, atomic).
+  :meth:`~singleton.lease.facts.Facts.remember` merged (one ``HSET``, atomic).
 * ``<ns>:fires:<name>``: a list, latest first, of ``"<fire_ms>:<token>:<holder>"``: the fire
-  times :meth:`~singleton.lease.contract.LeaseBackend.claim_fire` claimed, trimmed to ``keep``
+  times :meth:`~singleton.lease.fires.FireClaims.claim_fire` claimed, trimmed to ``keep``
   entries, never expiring (lost with the store's data, like the counter).
 * ``<ns>:released``: a pub/sub channel; a release publishes the lease name on it.
 
@@ -51,14 +51,9 @@ from singleton.errors import (
     ConfigurationError,
     PermissionDeniedError,
 )
-from singleton.lease.contract import (
-    FireClaim,
-    Lease,
-    LeaseState,
-    validate_claim,
-    validate_facts,
-    validate_lease_args,
-)
+from singleton.lease.facts import validate_facts
+from singleton.lease.fires import FireClaim, validate_claim
+from singleton.lease.leases import Lease, LeaseState, validate_lease_args
 from singleton.lease.notify import ReleaseFeed
 from singleton.lease.server import ServerLeaseBackend
 from singleton.redact import redact

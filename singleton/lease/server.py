@@ -1,10 +1,10 @@
 """What the server backends (Redis, MongoDB) share beyond the contract in
 :mod:`singleton.lease.contract`.
 
-Both answer :meth:`~singleton.lease.contract.LeaseBackend.contend` in one atomic round trip, so
+Both answer :meth:`~singleton.lease.leases.Leases.contend` in one atomic round trip, so
 ``try_acquire`` is that call with the holder's state dropped; and both feed
-:meth:`~singleton.lease.contract.LeaseBackend.wait_for_release` from a :class:`ReleaseFeed` (a
-pub/sub subscription, a change stream) that only ever shortens waits.
+:meth:`~singleton.lease.leases.Leases.wait_for_release` and its release marks from a
+:class:`ReleaseFeed` (a pub/sub subscription, a change stream) that only ever shortens waits.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 from abc import abstractmethod
 
-from singleton.lease.contract import Lease, LeaseBackend, LeaseState, validate_lease_args
+from singleton.lease.contract import LeaseBackend
+from singleton.lease.leases import Lease, LeaseState, validate_lease_args
 from singleton.lease.notify import ReleaseFeed
 
 

@@ -19,16 +19,17 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsIndex
 
 import pymongo
 import pytest
 
 from singleton.election.elector import Elector
 from singleton.errors import BackendUnavailableError, ConfigurationError, PermissionDeniedError
-from singleton.lease.contract import Lease
+from singleton.lease.leases import Lease
 from singleton.lease.mongo import MongoLeaseBackend
-from singleton.service.dev.embedded import MongoServer, free_port, wait_until
+from singleton.service.dev.embedded import MongoServer, wait_until
+from singleton.service.dev.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "job"
@@ -394,5 +395,8 @@ if __name__ == "__main__":
         # libfaketime 0.9.10 makes clock_nanosleep (time.sleep) fail with EINVAL when the
         # monotonic clock is not faked, which kills pymongo's monitor threads; condition waits
         # are unaffected, so sleep on one. The wall clock stays 30 s ahead.
-        time.sleep = lambda seconds: threading.Event().wait(seconds) and None
+        def _sleep(seconds: float | SupportsIndex) -> None:
+            threading.Event().wait(float(seconds))
+
+        time.sleep = _sleep
     _child(sys.argv[1:])

@@ -20,9 +20,11 @@ import redis
 from singleton.election.elector import Elector
 from singleton.election.leadership import Leadership
 from singleton.errors import BackendUnavailableError, ConfigurationError, PermissionDeniedError
-from singleton.lease.contract import Lease, LeaseBackend
+from singleton.lease.contract import LeaseBackend
+from singleton.lease.leases import Lease
 from singleton.lease.redis import RedisLeaseBackend
-from singleton.service.dev.embedded import RedisServer, free_port, wait_until
+from singleton.service.dev.embedded import RedisServer, wait_until
+from singleton.service.dev.ports import free_port
 from tests.integration.leader_child import Child
 from tests.integration.proxy import TcpProxy
 from tests.unit.election_support import captured_logs, contend_times

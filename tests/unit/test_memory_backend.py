@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from singleton.lease.contract import Lease
+from singleton.lease.leases import Lease
 from singleton.testing import FakeClock, MemoryLeaseBackend
 
 TTL = 10.0

@@ -1,4 +1,4 @@
-"""Release marks (singleton/backends/_notify.py): a release notified after a mark was read ends a
+"""Release marks (singleton/lease/notify.py): a release notified after a mark was read ends a
 later ``wait_for_release(since=mark)`` at once, even though nobody waited when it came. On the
 notifier, on a feed, and on MemoryLeaseBackend."""
 
