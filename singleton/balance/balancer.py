@@ -27,10 +27,10 @@ from singleton.balance.machine import (
     Read,
     share_of,
 )
-from singleton.balance.membership import Member, Membership
 from singleton.election.leadership import Leadership
 from singleton.errors import SingletonError
 from singleton.lease.contract import LeaseBackend
+from singleton.lease.membership import Member, Membership
 from singleton.lease.timings import LeaseTimings
 
 if TYPE_CHECKING:

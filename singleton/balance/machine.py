@@ -47,10 +47,10 @@ from typing import TYPE_CHECKING, TypedDict
 
 from loguru import logger
 
-from singleton.balance.membership import Member
 from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.election.leadership import Leadership
 from singleton.errors import ConfigurationError, SingletonError
+from singleton.lease.membership import Member
 from singleton.lease.timings import LeaseTimings
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""Who is alive: the membership contract, documented once here, and its in-memory implementation.
+"""Who is alive, in one process: the membership contract (:mod:`singleton.lease.membership`)
+kept in memory, for tests and single-process use.
 
 A group (by default every replica of one deployment) is the set of members whose last heartbeat
 has not expired, on the *store's* clock: one atomic write per heartbeat, no connection of its
@@ -12,7 +13,7 @@ it decides who *tries* to acquire which lease, never who may act on one (leases 
 tokens decide that), so a wrong view costs at most an extra handover, never safety.
 
 The contract itself (:class:`Membership`, :class:`Member`) is one of the lease stores'
-capabilities (:mod:`singleton.lease`); it is re-exported here.
+capabilities, documented once in :mod:`singleton.lease.membership`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import threading
 from collections.abc import Mapping
 
 from singleton.clock import SYSTEM_CLOCK, Clock
-from singleton.lease.contract import Member, Membership, validate_heartbeat, validate_lease_args
+from singleton.lease.leases import validate_lease_args
+from singleton.lease.membership import Member, Membership, validate_heartbeat
 
 
 class MemoryMembership(Membership):
@@ -62,4 +64,4 @@ class MemoryMembership(Membership):
             self._groups.clear()
 
 
-__all__ = ["Member", "Membership", "MemoryMembership", "validate_heartbeat"]
+__all__ = ["MemoryMembership"]

@@ -22,8 +22,8 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from singleton.balance.membership import Member, Membership, validate_heartbeat
-from singleton.lease.contract import validate_lease_args
+from singleton.lease.leases import validate_lease_args
+from singleton.lease.membership import Member, Membership, validate_heartbeat
 
 # KEYS[1] sorted set, KEYS[2] info hash; ARGV[1] identity, ARGV[2] ttl ms, ARGV[3] info JSON
 HEARTBEAT = """

@@ -50,7 +50,7 @@ from pymongo.collection import Collection
 from pymongo.write_concern import WriteConcern
 
 from singleton.balance.stores import MongoMembership
-from singleton.drivers.mongo import classify, client, translate
+from singleton.drivers.mongo import Timeouts, classify, client, translate
 from singleton.errors import BackendError, ConfigurationError
 from singleton.lease.facts import validate_facts
 from singleton.lease.fires import FireClaim, validate_claim
@@ -169,7 +169,7 @@ class MongoLeaseBackend(ServerLeaseBackend):
         self._skew_warning = float(clock_skew_warning)
         # The socket may wait out one change-stream getMore (POLL_MS) on top of the timeout.
         self._client, self._owned = client(
-            client_or_url, timeout=self._timeout, socket_timeout=self._timeout + POLL_MS / 1000
+            client_or_url, Timeouts(self._timeout, self._timeout + POLL_MS / 1000)
         )
         if isinstance(client_or_url, str):
             self._url = redact(client_or_url)

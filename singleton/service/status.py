@@ -20,7 +20,8 @@ from singleton.balance.balancer import DEFAULT_GROUP, share_of
 from singleton.drivers import mongo
 from singleton.errors import SingletonError
 from singleton.jobs.triggers import from_ms, next_fire_after
-from singleton.lease.contract import LeaseBackend, Member
+from singleton.lease.contract import LeaseBackend
+from singleton.lease.membership import Member
 from singleton.redact import redact
 from singleton.service.assembly import lease_names
 from singleton.service.config import Config, JobConfig

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from singleton.lease.contract import FireClaim, LeaseBackend
+from singleton.lease.contract import LeaseBackend
+from singleton.lease.fires import FireClaim
 from singleton.service.dev.embedded import wait_until
 from tests.integration.cluster import ReplicaProc, status_json, store_args
 from tests.integration.job_support import RECORD_ENV, exactly_once_violations, read_runs

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 from singleton.balance.balancer import BalanceOptions, Balancer, share_of
-from singleton.balance.membership import Member, MemoryMembership
+from singleton.balance.membership import MemoryMembership
 from singleton.election.elector import Elector
 from singleton.errors import BackendUnavailableError
+from singleton.lease.membership import Member
 from singleton.lease.timings import LeaseTimings
 from singleton.testing import FakeClock, MemoryLeaseBackend
 

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 from singleton.balance.machine import READ, Balancing, Holding
-from singleton.balance.membership import Member
 from singleton.election.leadership import Leadership
 from singleton.errors import BackendUnavailableError
 from singleton.lease.contract import Lease
+from singleton.lease.membership import Member
 from singleton.lease.timings import LeaseTimings
 from singleton.testing import FakeClock
 
