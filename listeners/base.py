@@ -2,10 +2,9 @@
 
 Subclass :class:`ChangeStreamListener`, implement :meth:`~ChangeStreamListener.handle_batch`, and
 hand it to a runner (``listeners.runtime.runner.ListenerRunner``) or to ``singleton run``. The
-runner
-opens the stream where the previous leader's checkpoint says, calls ``handle_batch`` with events in
-oplog order, and saves the resume token only after ``handle_batch`` returned: a batch is
-acknowledged by returning, so a listener that buffers must flush before it returns.
+runner opens the stream where the previous leader's checkpoint says, calls ``handle_batch`` once
+per batch with events in oplog order, and learns from its answer what the sink acknowledged: a
+resume token is saved only after the sink acknowledged every event before it.
 
 Failure model: the process may lose its lease at any moment. ``ctx.check()`` raises
 :class:`singleton.LeaseLostError` once the tenure is over; call it before any side effect that a
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args
 from loguru import logger as _logger
 
 from listeners.stream.partition import Partition
+from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -32,9 +32,6 @@ if TYPE_CHECKING:
 
 #: A change event as pymongo returns it (``_id`` is the event's resume token).
 ChangeEvent = Mapping[str, Any]
-#: A position the sink acknowledged: the resume token after a batch, and that batch (its last
-#: event gives the position's cluster time).
-Acknowledged = tuple[Any, Sequence[ChangeEvent]]
 
 HistoryLostPolicy = Literal["fail", "resync", "resume_from_now"]
 PoisonPolicy = Literal["dead_letter", "stop"]
@@ -82,6 +79,9 @@ class ListenerContext:
     state: dict[str, Any] = field(default_factory=dict)
     #: Set by the runner when a planned handover begins (see :meth:`handing_over`).
     draining: threading.Event | None = None
+    #: The runner's clock: every deadline of the tenure, the sink's included, is read from it
+    #: (``flush``'s ``deadline`` is a ``clock.monotonic()`` time).
+    clock: Clock = SYSTEM_CLOCK
 
     @property
     def token(self) -> int:
@@ -121,7 +121,7 @@ class ChangeStreamListener:
             collection = "orders"
 
             def handle_batch(self, events, ctx):
-                audit.insert_many([dict(e) for e in events])
+                audit.insert_many([dict(e) for e in events])  # durable on return
     """
 
     #: Lease and checkpoint key; defaults to ``database.collection``.
@@ -222,40 +222,31 @@ class ChangeStreamListener:
         return ""
 
     # -- what users implement --------------------------------------------------------------
-    def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
-        """Process ``events`` (oplog order). Return only when they are durably handled: the
-        runner checkpoints past them as soon as this returns. Raise to have the batch retried."""
+    def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> int | None:
+        """Process ``events`` (oplog order); raise to have the batch retried.
+
+        Return ``None`` once they are durably handled: the runner may checkpoint past them.
+        A sink that keeps writes in flight after it returns answers instead how many events
+        became durable: of every event handed to it and not yet acknowledged (earlier batches'
+        first, then these), that many leading ones. The runner checkpoints only past those and
+        asks :meth:`flush` for the rest. After a raise, what was not acknowledged is delivered
+        again from the last acknowledged event (the stream reopens there)."""
         raise NotImplementedError(f"{type(self).__name__} must implement handle_batch()")
 
-    # -- pipelining (optional) ---------------------------------------------------------------
-    # A sink that keeps writes in flight after handle_batch returned (ElasticsearchSync's
-    # window) overrides both; the runner then checkpoints only what they report
-    # (listeners.checkpoints.pipelining). The invariant stays: a position is saved only once the
-    # sink acknowledged every event before it.
+    def flush(self, deadline: float | None, ctx: ListenerContext) -> int | None:
+        """Wait for what is still in flight, at most until ``deadline`` (a
+        ``ctx.clock.monotonic()`` time; ``None``: until all of it is durable), and answer as
+        :meth:`handle_batch` does. The runner calls it only while something is unacknowledged:
+        before it saves an idle position or an invalidate, after a dead-letter replay, when a
+        stream reopens, and with the drain's deadline at a planned handover (what is still in
+        flight then is the successor's to replay). Default: nothing is ever in flight."""
+        return None
+
     def next_batch_size(self) -> int:
         """How many events the next batch may hold; the runner asks as each batch starts.
         Default ``batch_size``; a sink may adapt it to what it measures (``ElasticsearchSync``
         does, :mod:`listeners.elasticsearch.adaptive`), never above ``batch_size``."""
         return self.batch_size
-
-    def acknowledged(self, token: Any, batch: Sequence[ChangeEvent]) -> Acknowledged | None:
-        """Called by the runner right after ``handle_batch(batch)`` returned on the stream
-        (``token``: the position after ``batch``). Return the newest position whose every
-        earlier event the sink acknowledged (``None``: nothing new). Default: all of it."""
-        return token, batch
-
-    def flush(self, ctx: ListenerContext) -> Acknowledged | None:
-        """Wait until everything handed to ``handle_batch`` is acknowledged and return the
-        newest position (``None``: nothing new); raise as ``handle_batch`` would. The runner
-        calls it before it saves an idle position, before an invalidate and when a stream
-        (re)opens."""
-        return None
-
-    def flush_for_handover(self, ctx: ListenerContext, timeout: float) -> Acknowledged | None:
-        """A planned handover: wait at most ``timeout`` seconds (what is left of the drain's
-        budget) for what is in flight, and return the newest position acknowledged by then;
-        the rest is the successor's to replay. Default: :meth:`flush`."""
-        return self.flush(ctx)
 
     # -- optional hooks ----------------------------------------------------------------------
     def on_start(self, ctx: ListenerContext) -> None:

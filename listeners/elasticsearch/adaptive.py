@@ -22,8 +22,6 @@ next batch may hold; a wrong size costs throughput, never correctness.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any
 
 from loguru import logger
 
@@ -34,22 +32,14 @@ ALPHA = 0.2
 
 
 class BatchSizer:
-    """AIMD over the batch size within ``[min(FLOOR, ceiling), ceiling]`` (see the module)."""
+    """AIMD over the batch size within ``[min(FLOOR, ceiling), ceiling]`` (see the module). It
+    reads no clock: each answer says when it came (on the bulk writer's clock)."""
 
-    def __init__(
-        self,
-        ceiling: int,
-        *,
-        target: float,
-        max_bytes: int,
-        clock: Callable[[], float],
-        name: str = "",
-    ) -> None:
+    def __init__(self, ceiling: int, *, target: float, max_bytes: int, name: str = "") -> None:
         self.ceiling = ceiling
         self.floor = min(FLOOR, ceiling)
         self.target = target
         self.max_bytes = max_bytes
-        self._clock = clock
         self._name = name
         self._size = ceiling
         self._step = max(1, ceiling // 20)
@@ -67,8 +57,11 @@ class BatchSizer:
             size = min(size, max(self.floor, int(self.max_bytes // self._item_bytes)))
         return size
 
-    def observe(self, items: int, nbytes: int, seconds: float, pushed_back: bool) -> None:
-        """One bulk request of ``items`` (``nbytes``) answered after ``seconds``; thread-safe."""
+    def observe(
+        self, items: int, nbytes: int, seconds: float, pushed_back: bool, at: float
+    ) -> None:
+        """One bulk request of ``items`` (``nbytes``) answered after ``seconds``, at monotonic
+        time ``at``; thread-safe."""
         if items <= 0:
             return
         with self._lock:
@@ -78,12 +71,11 @@ class BatchSizer:
                 if self._item_bytes is None
                 else self._item_bytes + ALPHA * (per_item - self._item_bytes)
             )
-            now = self._clock()
             if pushed_back or seconds > self.target:
-                if now < self._quiet_until:
+                if at < self._quiet_until:
                     return
                 before, self._size = self._size, max(self.floor, self._size // 2)
-                self._quiet_until = now + seconds
+                self._quiet_until = at + seconds
                 if self._size < before:
                     self.cuts += 1
                     logger.info(
@@ -97,14 +89,3 @@ class BatchSizer:
                     )
             elif items * 2 >= self._size:
                 self._size = min(self.ceiling, self._size + self._step)
-
-
-def sizer_for(listener: Any, clock: Callable[[], float]) -> BatchSizer:
-    """The sizer of an ``ElasticsearchSync``'s options."""
-    return BatchSizer(
-        listener.batch_size,
-        target=listener.target_bulk_seconds,
-        max_bytes=listener.bulk_bytes,
-        clock=clock,
-        name=listener.index_name,
-    )

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from listeners.elasticsearch.transport import (
     error_text,
     request_error,
 )
+from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.errors import EsUnavailableError, SinkRejectedError, SinkUnavailableError
 from singleton.retry import Backoff
 
@@ -149,12 +149,15 @@ Check = Callable[[], None]
 #: ``wait(seconds) -> bool``: sleep interruptibly; True means "stop now" (then ``check`` raises).
 Wait = Callable[[float], bool]
 OnDead = Callable[[list[DeadLetter]], None]
-#: ``observe(items, bytes, seconds, pushed_back)``: told of every bulk request's answer.
-Observe = Callable[[int, int, float, bool], None]
+#: ``observe(items, bytes, seconds, pushed_back, at)``: told of every bulk request's answer
+#: (``at``: when it came, on the writer's clock).
+Observe = Callable[[int, int, float, bool, float], None]
 
 
 class BulkWriter:
-    """Sends :class:`BulkItem` batches. Owns a thread pool when ``concurrency > 1``."""
+    """Sends :class:`BulkItem` batches. Owns a thread pool when ``concurrency > 1``. Every
+    deadline (``retry_timeout``, ``flush_interval``) is read from ``clock``; ``stats`` (default: a
+    fresh one) is where it counts what it did."""
 
     def __init__(
         self,
@@ -165,6 +168,8 @@ class BulkWriter:
         logger: Any = None,
         versioned: bool = True,
         observe: Observe | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        stats: BulkStats | None = None,
     ) -> None:
         self.transport = transport
         self.observe = observe
@@ -172,7 +177,8 @@ class BulkWriter:
         self.on_dead = on_dead
         #: external versions on every action (False only in the drill's unfenced mode)
         self.versioned = versioned
-        self.stats = BulkStats()
+        self.clock = clock
+        self.stats = stats if stats is not None else BulkStats()
         self.log = logger or _default_logger
         self._pool: ThreadPoolExecutor | None = None
 
@@ -193,7 +199,7 @@ class BulkWriter:
         """Send ``items`` until each is written, already newer, or dead-lettered."""
         pending = items
         backoff = Backoff(self.limits.backoff_base, self.limits.backoff_max)
-        deadline = time.monotonic() + self.limits.retry_timeout
+        deadline = self.clock.monotonic() + self.limits.retry_timeout
         self.stats.add(items=len(items))
         while True:
             check()
@@ -206,7 +212,7 @@ class BulkWriter:
             if not pending:
                 return
             self.stats.add(retried=len(pending))
-            if time.monotonic() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 self.stats.add(unavailable=1)
                 raise SinkUnavailableError(
                     f"{len(pending)} bulk items still failing after {self.limits.retry_timeout} s "
@@ -227,10 +233,11 @@ class BulkWriter:
         """One request for ``pending``: the items to retry, and why."""
         body = b"".join(item.encoded(self.versioned) for item in pending)
         self.stats.add(requests=1, sent_bytes=len(body))
-        started = time.monotonic()
+        started = self.clock.monotonic()
         retry, why = self._request(pending, body)
         if self.observe is not None:
-            self.observe(len(pending), len(body), time.monotonic() - started, bool(retry))
+            at = self.clock.monotonic()
+            self.observe(len(pending), len(body), at - started, bool(retry), at)
         return retry, why
 
     def _request(self, pending: list[BulkItem], body: bytes) -> tuple[list[BulkItem], str]:
@@ -303,7 +310,7 @@ class BulkSession:
     ``concurrency`` requests in flight. Call :meth:`finish` to wait for all of them."""
 
     def __init__(self, writer: BulkWriter, check: Check, wait_fn: Wait) -> None:
-        self.w = writer
+        self.writer = writer
         self.check = check
         self.wait_fn = wait_fn
         self._buf: list[BulkItem] = []
@@ -312,14 +319,15 @@ class BulkSession:
         self._inflight: set[Future[None]] = set()
 
     def add(self, item: BulkItem) -> None:
+        writer = self.writer
         if not self._buf:
-            self._first = time.monotonic()
+            self._first = writer.clock.monotonic()
         self._buf.append(item)
-        self._bytes += len(item.encoded(self.w.versioned))
+        self._bytes += len(item.encoded(writer.versioned))
         if (
-            len(self._buf) >= self.w.limits.bulk_actions
-            or self._bytes >= self.w.limits.bulk_bytes
-            or time.monotonic() - self._first >= self.w.limits.flush_interval
+            len(self._buf) >= writer.limits.bulk_actions
+            or self._bytes >= writer.limits.bulk_bytes
+            or writer.clock.monotonic() - self._first >= writer.limits.flush_interval
         ):
             self.flush()
 
@@ -327,12 +335,13 @@ class BulkSession:
         if not self._buf:
             return
         chunk, self._buf, self._bytes = self._buf, [], 0
-        if self.w.limits.concurrency <= 1:
-            self.w.send(chunk, self.check, self.wait_fn)
+        writer = self.writer
+        if writer.limits.concurrency <= 1:
+            writer.send(chunk, self.check, self.wait_fn)
             return
-        while len(self._inflight) >= self.w.limits.concurrency:
+        while len(self._inflight) >= writer.limits.concurrency:
             self._reap(FIRST_COMPLETED)
-        self._inflight.add(self.w.executor().submit(self.w.send, chunk, self.check, self.wait_fn))
+        self._inflight.add(writer.executor().submit(writer.send, chunk, self.check, self.wait_fn))
 
     def _reap(self, how: str) -> None:
         done, self._inflight = wait(self._inflight, return_when=how)

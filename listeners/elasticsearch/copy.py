@@ -24,7 +24,6 @@ into a bulk item and one that applies change events, and the writer to send with
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -177,7 +176,7 @@ class _Progress:
         self.start_time = saved.get("start_time") or [ts.time, ts.inc]
         self.total = total
         self.done_now = 0
-        self.started = time.monotonic()
+        self.started = ctx.clock.monotonic()
 
     def settled(self, n: int, last_id: Any, final: bool = False) -> None:
         self.done_now += n
@@ -191,7 +190,7 @@ class _Progress:
                     "start_time": self.start_time,
                 }
             )
-        rate = self.done_now / max(time.monotonic() - self.started, 1e-6)
+        rate = self.done_now / max(self.ctx.clock.monotonic() - self.started, 1e-6)
         eta = max(self.total - copied, 0) / rate if rate > 0 else float("inf")
         self.ctx.logger.info(
             "initial sync of {}: {} {}/~{} documents, {:.0f} docs/s, ETA {}",

@@ -99,7 +99,7 @@ def index_name(template: str, database: str, collection: str) -> str:
 
 
 def _default(value: Any) -> Any:
-    if isinstance(value, ObjectId):
+    if isinstance(value, (ObjectId, Decimal, uuid.UUID)):
         return str(value)
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None:
@@ -109,14 +109,10 @@ def _default(value: Any) -> Any:
         if not value.to_decimal().is_finite():
             raise _NonFinite
         return str(value.to_decimal())
-    if isinstance(value, Decimal):
-        return str(value)
     if isinstance(value, Binary) and value.subtype in (3, 4):
         return str(value.as_uuid(value.subtype))
     if isinstance(value, (bytes, Binary)):
         return base64.b64encode(bytes(value)).decode()
-    if isinstance(value, uuid.UUID):
-        return str(value)
     if isinstance(value, Timestamp):
         return {"t": value.time, "i": value.inc}
     if isinstance(value, Regex):

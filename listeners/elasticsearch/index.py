@@ -84,9 +84,6 @@ class IndexKeeper:
         self.mappings = dict(mappings or {})
         self._ready: set[str] = set()
 
-    def forget(self) -> None:
-        self._ready.clear()
-
     # -- what the stream writes to -----------------------------------------------------------
     def ensure(self, name: str, ctx: ListenerContext) -> None:
         """Make ``name`` writable once per tenure: an alias (its indexes' ``gc_deletes``

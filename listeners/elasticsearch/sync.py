@@ -29,6 +29,14 @@ alike, and the sync goes on: an ``_id`` over 512 bytes (:mod:`.ids`), a non-fini
 (:mod:`.documents`), a document Elasticsearch refuses (:mod:`.bulk`). A sink that is down or
 refuses every request is never a dead letter (:mod:`.bulk`).
 
+Tenures. A session (:class:`_Session`: transport, index keeper, bulk writer and its window, item
+maker, versioner) is built when a tenure starts (:meth:`ElasticsearchSync.on_start`) and closed
+when it stops. In such a tenure ``handle_batch`` leaves its requests in flight (``pipelined``,
+:mod:`.window`) and answers how many events are acknowledged; the runner checkpoints only past
+those. Called on its own (tests, tools), ``handle_batch`` builds a session for that context and
+returns once every write finished. Every deadline is read from the tenure's clock
+(``ctx.clock``).
+
 Options arrive as keyword arguments (``singleton.toml`` ``[[listeners]]`` tables)::
 
     ElasticsearchSync(database="shop", collection="orders", es="https://es:9200",
@@ -39,20 +47,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from listeners.base import (
-    Acknowledged,
-    ChangeEvent,
-    ChangeStreamListener,
-    ListenerContext,
-    StopReason,
-)
+from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext, StopReason
 from listeners.deadletters import DeadLetterStore
 from listeners.elasticsearch import fragments, partitioned
-from listeners.elasticsearch.adaptive import BatchSizer, sizer_for
+from listeners.elasticsearch.adaptive import BatchSizer
 from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkStats, BulkWriter, DeadLetter
 from listeners.elasticsearch.copy import InitialCopy
 from listeners.elasticsearch.deadletters import EsDeadLetters
@@ -64,18 +66,58 @@ from listeners.elasticsearch.documents import (
 from listeners.elasticsearch.documents import index_name as make_index_name
 from listeners.elasticsearch.index import IndexKeeper
 from listeners.elasticsearch.items import ItemMaker
-from listeners.elasticsearch.options import check_numbers
-from listeners.elasticsearch.transport import Transport, describe, listener_transport
+from listeners.elasticsearch.transport import Transport, describe, make_transport
 from listeners.elasticsearch.versioning import EventVersioner, first_seq_at
 from listeners.elasticsearch.window import BulkWindow
 from singleton.drivers import mongo
 from singleton.errors import ConfigurationError
+from singleton.retry import Backoff
 
 _WRITES = frozenset({"insert", "replace", "update", "delete"})
 #: The collection is gone (or renamed away): what ``on_drop`` applies to.
 _DROPS = frozenset({"drop", "dropDatabase", "rename"})
 #: The origin of copied documents, for their dead-letter records.
 _COPIED = {"op": "initial_sync"}
+_POSITIVE_INTEGERS = (
+    "bulk_actions",
+    "bulk_bytes",
+    "concurrency",
+    "copy_batch_size",
+    "window_bytes",
+)
+_POSITIVE_NUMBERS = (
+    "request_timeout",
+    "ttl",
+    "gc_safety_factor",
+    "retry_timeout",
+    "target_bulk_seconds",
+)
+
+
+@dataclass(frozen=True)
+class _Session:
+    """One tenure of the sink, built when it starts (see the module docstring). ``pipelined``:
+    the runner drives it, so a batch's requests may be in flight when ``handle_batch``
+    returns."""
+
+    ctx: ListenerContext
+    transport: Transport
+    #: The transport was built here (from URLs) and is closed with the session.
+    owns_transport: bool
+    index: IndexKeeper
+    writer: BulkWriter
+    window: BulkWindow
+    items: ItemMaker
+    versioner: EventVersioner
+    pipelined: bool
+
+    def close(self) -> None:
+        """Wait for the requests in flight (unacknowledged: the successor replays them), then
+        release what the session created."""
+        self.window.abandon()
+        self.writer.close()
+        if self.owns_transport:
+            self.transport.close()
 
 
 class ElasticsearchSync(ChangeStreamListener):
@@ -152,18 +194,17 @@ class ElasticsearchSync(ChangeStreamListener):
     def __init__(self, **options: Any) -> None:
         options.setdefault("full_document", "updateLookup")
         super().__init__(**options)
-        self._writer: BulkWriter | None = None
-        self._index: IndexKeeper | None = None
-        #: the transport this listener built (closed by close()); None for a client it was given
-        self._owned_transport: Transport | None = None
-        self._versioner: EventVersioner | None = None
-        self._window: BulkWindow | None = None
-        self._items: ItemMaker | None = None
-        #: The runner acknowledged the last batch: the next one may stay in flight.
-        self._armed = False
-        self._dead_store: Any = None
-        self._ctx: ListenerContext | None = None
-        self._sizer: BatchSizer | None = None
+        #: What the bulk writers of every tenure did (items written, refused as older,
+        #: retried, dead-lettered; the metrics read it).
+        self.stats = BulkStats()
+        self._sizer = BatchSizer(
+            self.batch_size,
+            target=self.target_bulk_seconds,
+            max_bytes=self.bulk_bytes,
+            name=self._index_name,
+        )
+        #: The tenure in progress (``None`` between tenures).
+        self._session: _Session | None = None
 
     def _validate(self) -> None:
         super()._validate()
@@ -181,11 +222,39 @@ class ElasticsearchSync(ChangeStreamListener):
                 f"{cls} indexes whole documents: full_document must be updateLookup, got "
                 f"{self.full_document!r}"
             )
-        check_numbers(self, cls)
-        self.transform = resolve_transform(self.transform)
+        self._check_numbers(cls)
+        self._transform: Transform | None = resolve_transform(self.transform)
+        self.transform = self._transform
         self._index_name = make_index_name(self.index, str(self.database), str(self.collection))
 
-    @property  # -- resources ------------------------------------------------------------------
+    def _check_numbers(self, cls: str) -> None:
+        """Raise :class:`ConfigurationError` naming the first bad numeric option."""
+        for opt in _POSITIVE_INTEGERS:
+            value = getattr(self, opt)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{cls}.{opt} must be an integer >= 1, got {value!r}")
+        for opt in _POSITIVE_NUMBERS:
+            value = getattr(self, opt)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigurationError(f"{cls}.{opt} must be a number > 0, got {value!r}")
+        for opt in ("pipelined", "adaptive_batch"):
+            if not isinstance(getattr(self, opt), bool):
+                raise ConfigurationError(
+                    f"{cls}.{opt} must be true or false, got {getattr(self, opt)!r}"
+                )
+        wait = self.handover_wait
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < 1e9:
+            raise ConfigurationError(f"{cls}.handover_wait must be a number >= 0, got {wait!r}")
+        if self.gc_safety_factor < 1:
+            raise ConfigurationError(
+                f"{cls}.gc_safety_factor must be >= 1, got {self.gc_safety_factor!r}"
+            )
+        try:
+            Backoff(self.backoff_base, self.backoff_max)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{cls}.backoff_base / backoff_max: {exc}") from exc
+
+    @property
     def gc_deletes_seconds(self) -> int:
         """See the module docstring for the formula."""
         return max(60, math.ceil(self.gc_safety_factor * (self.ttl + self.request_timeout)))
@@ -199,163 +268,168 @@ class ElasticsearchSync(ChangeStreamListener):
         (addresses without credentials), or ``elasticsearch <sink_name>/<index>``."""
         return f"elasticsearch {self.sink_name or describe(self.es)}/{self._index_name}"
 
-    @property
-    def stats(self) -> BulkStats:
-        """What the bulk writer did (items written, refused as older, retried, dead-lettered)."""
-        return self._writer.stats if self._writer is not None else BulkStats()
+    # -- tenures ----------------------------------------------------------------------------
+    def _open_session(self, ctx: ListenerContext, *, pipelined: bool) -> _Session:
+        """Build the session of the tenure ``ctx`` (closing an earlier one's)."""
+        self.close()
+        auth = self.basic_auth
+        transport, owned = make_transport(
+            self.es,
+            api_key=self.api_key,
+            basic_auth=tuple(auth) if auth else None,
+            ca_certs=self.ca_certs,
+            client_cert=self.client_cert,
+            client_key=self.client_key,
+            http_compress=self.http_compress,
+            request_timeout=self.request_timeout,
+            maxsize=self.concurrency + 2,  # the index calls need one besides the bulk requests
+        )
+        dead = self._dead_letters(ctx)
+        limits = {f.name: getattr(self, f.name) for f in dataclasses.fields(BulkLimits)}
 
-    def _setup(self, ctx: ListenerContext) -> tuple[BulkWriter, IndexKeeper]:
-        self._ctx = ctx
-        if self._writer is None or self._index is None:
-            transport, owned = listener_transport(self)
-            self._owned_transport = transport if owned else None
-            limits = {f.name: getattr(self, f.name) for f in dataclasses.fields(BulkLimits)}
-            self._sizer = sizer_for(self, time.monotonic) if self.adaptive_batch else None
-            self._writer = BulkWriter(
-                transport,
-                BulkLimits(**limits),
-                on_dead=self._dead,
-                logger=ctx.logger,
-                versioned=ctx.leadership.fenced,
-                observe=None if self._sizer is None else self._sizer.observe,
-            )
-            self._window = BulkWindow(
-                self._writer, max_requests=self.concurrency, max_bytes=self.window_bytes
-            )
-            self._index = IndexKeeper(
+        def on_dead(letters: list[DeadLetter]) -> None:
+            dead.put(letters, ctx)
+
+        writer = BulkWriter(
+            transport,
+            BulkLimits(**limits),
+            on_dead=on_dead,
+            logger=ctx.logger,
+            versioned=ctx.leadership.fenced,
+            observe=self._sizer.observe if self.adaptive_batch else None,
+            clock=ctx.clock,
+            stats=self.stats,
+        )
+        client, coll = ctx.client, self._collection(ctx)
+        self._session = _Session(
+            ctx=ctx,
+            transport=transport,
+            owns_transport=owned,
+            index=IndexKeeper(
                 transport,
                 gc_deletes=self.gc_deletes_seconds,
                 seconds=lambda c: mongo.cluster_time(c.client).time,
                 settings=self.settings,
                 mappings=self.mappings,
-            )
-        client = ctx.client
-        self._items = self._items or ItemMaker(
-            self.transform,  # type: ignore[arg-type]
-            self._dead,
-            lambda key: self._collection(self._ctx_or_fail()).find_one({"_id": key}),
+            ),
+            writer=writer,
+            window=BulkWindow(
+                writer, max_requests=self.concurrency, max_bytes=self.window_bytes, clock=ctx.clock
+            ),
+            items=ItemMaker(self._transform, on_dead, lambda key: coll.find_one({"_id": key})),
+            versioner=EventVersioner(lambda ts: first_seq_at(client, ts)),
+            pipelined=pipelined,
         )
-        self._versioner = self._versioner or EventVersioner(lambda ts: first_seq_at(client, ts))
-        if self._dead_store is None:
-            store = self.dead_letters
-            if store is None or isinstance(store, DeadLetterStore):
-                # event-level stores get one record per item
-                store = EsDeadLetters(store or ctx.dead_letters or DeadLetterStore(client))
-            self._dead_store = store
-        return self._writer, self._index
+        return self._session
 
-    def _ctx_or_fail(self) -> ListenerContext:
-        assert self._ctx is not None, "used before _setup"
-        return self._ctx
+    def _session_for(self, ctx: ListenerContext) -> _Session:
+        """The session of the tenure ``ctx``; a caller that is no runner (it never called
+        :meth:`on_start` for ``ctx``) gets one that writes one batch at a time."""
+        session = self._session
+        if session is not None and session.ctx is ctx:
+            return session
+        return self._open_session(ctx, pipelined=False)
 
-    def _dead(self, letters: list[DeadLetter]) -> None:
-        self._dead_store.put(letters, self._ctx_or_fail())
+    def _dead_letters(self, ctx: ListenerContext) -> Any:
+        """Where item rejections go: ``dead_letters``, else the runner's store (event-level
+        stores get one record per item)."""
+        store = self.dead_letters
+        if store is None or isinstance(store, DeadLetterStore):
+            return EsDeadLetters(store or ctx.dead_letters or DeadLetterStore(ctx.client))
+        return store
 
     def close(self) -> None:
         """Release what this listener created (never a client it was given)."""
-        if self._window is not None:
-            self._window.abandon()
-        if self._writer is not None:
-            self._writer.close()
-        if self._owned_transport is not None:
-            self._owned_transport.close()
-        self._writer = self._index = self._owned_transport = self._window = None
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
 
     def on_start(self, ctx: ListenerContext) -> None:
-        _, index = self._setup(ctx)
-        index.forget()  # another leader may have dropped or recreated the index meanwhile
+        self._open_session(ctx, pipelined=self.pipelined)
         if self.split_large_events:
             stages = fragments.with_split(self.pipeline, self._collection(ctx), ctx.logger)
             self.split_large_events = stages is not None  # detected once per listener
             self.pipeline = stages or self.pipeline
         self.pipeline = fragments.without_unused(self.pipeline)
 
+    def on_stop(self, ctx: ListenerContext, reason: StopReason) -> None:
+        self.close()  # what is still in flight is unacknowledged: the successor replays it
+
     def _collection(self, ctx: ListenerContext) -> Any:
         return ctx.client[str(self.database)][str(self.collection)]
 
     def ensure_index(self, name: str, ctx: ListenerContext) -> None:
         """Create ``name`` if missing, or raise its ``gc_deletes`` (see :mod:`.index`)."""
-        self._setup(ctx)[1].ensure(name, ctx)
+        self._session_for(ctx).index.ensure(name, ctx)
 
-    # -- streaming --------------------------------------------------------------------------------
-    def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
+    # -- streaming ----------------------------------------------------------------------------
+    def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> int | None:
         """Apply ``events``: each write succeeds, is already superseded (409) or is
         dead-lettered. Within a batch only the last write per document is sent: the later
-        version would supersede the earlier ones anyway. On the runner's stream (after an
-        :meth:`acknowledged`) the requests may still be in flight when this returns (see
-        :mod:`.window`); called any other way it returns once they all finished."""
-        pipelined, self._armed = self._armed and self.pipelined, False
-        self._apply(events, ctx, self._index_name, pipelined=pipelined)
+        version would supersede the earlier ones anyway. In a pipelined tenure the requests may
+        still be in flight when this returns: the answer is how many events the window has
+        acknowledged (:mod:`.window`); otherwise it returns once they all finished."""
+        session = self._session_for(ctx)
+        window = session.window
+        if not session.pipelined:
+            self._apply(session, events, self._index_name)
+            window.acknowledged()  # drop the finished entries: they were waited for
+            return None
+        window.open()
+        self._write(session, events, self._index_name)
+        window.close(len(events))
+        return window.acknowledged()
+
+    def flush(self, deadline: float | None, ctx: ListenerContext) -> int | None:
+        """Wait for the window; with a ``deadline`` (a planned handover) at most
+        ``handover_wait`` seconds, so that the lease moves in about that time even on a slow
+        sink (the successor replays what is still in flight)."""
+        session = self._session
+        if session is None or session.ctx is not ctx:
+            return 0  # closed meanwhile: nothing it held is acknowledged
+        if deadline is None:
+            return session.window.flush(stop=ctx.handing_over)
+        return session.window.flush(min(deadline, ctx.clock.monotonic() + self.handover_wait))
 
     def next_batch_size(self) -> int:
         """``batch_size``, or less while the sink is slow (``adaptive_batch``)."""
-        return self.batch_size if self._sizer is None else self._sizer.size
+        return self._sizer.size if self.adaptive_batch else self.batch_size
 
-    def acknowledged(self, token: Any, batch: Sequence[ChangeEvent]) -> Acknowledged | None:
-        self._armed = True  # the runner follows the protocol: the next batch may pipeline
-        if self._window is None:
-            return token, batch
-        self._window.mark((token, batch[-1:]))
-        return self._window.acknowledged()
+    def _apply(self, session: _Session, events: Sequence[ChangeEvent], index_name: str) -> None:
+        """Write ``events`` into ``index_name`` one batch at a time: after what was in flight,
+        and wait for their requests (a handover stops either wait, as in flight)."""
+        stop = session.ctx.handing_over
+        session.window.wait(stop=stop)
+        session.window.open()
+        self._write(session, events, index_name)
+        session.window.wait(stop=stop)
 
-    def flush(self, ctx: ListenerContext) -> Acknowledged | None:
-        self._armed = False  # what comes next (a dead-letter replay) is sent synchronously
-        return None if self._window is None else self._window.flush(stop=ctx.handing_over)
-
-    def flush_for_handover(self, ctx: ListenerContext, timeout: float) -> Acknowledged | None:
-        self._armed = False
-        wait = min(timeout, self.handover_wait)
-        return None if self._window is None else self._window.flush(wait)
-
-    def on_stop(self, ctx: ListenerContext, reason: StopReason) -> None:
-        if self._window is not None:  # a tenure that ended unflushed: its successor replays
-            self._window.abandon()
-        self._armed = False
-
-    def _apply(
-        self,
-        events: Sequence[ChangeEvent],
-        ctx: ListenerContext,
-        index_name: str,
-        *,
-        pipelined: bool = False,
-    ) -> None:
-        """:meth:`handle_batch` into ``index_name`` (the alias, or an index being rebuilt)."""
-        index = self._setup(ctx)[1]
-        window, items, versioner = self._window, self._items, self._versioner
-        assert window is not None and items is not None and versioner is not None
-        if not pipelined:
-            window.wait(stop=ctx.handing_over)  # what was in flight comes first
-        window.open()
+    def _write(self, session: _Session, events: Sequence[ChangeEvent], index_name: str) -> None:
+        """Send the bulk items of ``events`` into ``index_name`` through the window."""
+        ctx, window, index = session.ctx, session.window, session.index
         pending: dict[str, BulkItem] = {}
         for event in fragments.join(events):
             op = event.get("operationType")
             if op in _WRITES or fragments.needs_lookup(event):
-                item = items.event_item(event, versioner, index_name)
+                item = session.items.event_item(event, session.versioner, index_name)
                 if item is not None:
                     pending[item.doc_id] = item
             elif op in _DROPS:
-                self._send(list(pending.values()), ctx, index_name)
-                pending.clear()
+                if pending:
+                    index.ensure(index_name, ctx)
+                    writes = session.writer.session(ctx.check, ctx.leadership.wait_lost)
+                    writes.send(list(pending.values()))
+                    pending.clear()
                 window.wait()
-                self._dropped(event, ctx, index, index_name)
+                self._dropped(event, session, index_name)
         if pending:
             index.ensure(index_name, ctx)
             window.submit(
                 list(pending.values()), ctx.check, ctx.leadership.wait_lost, ctx.handing_over
             )
-        if not pipelined:  # one batch at a time, but a handover stops the wait (as in flight)
-            window.wait(stop=ctx.handing_over)
 
-    def _send(self, items: list[BulkItem], ctx: ListenerContext, name: str) -> None:
-        if items:
-            self._setup(ctx)[1].ensure(name, ctx)
-            self._setup(ctx)[0].session(ctx.check, ctx.leadership.wait_lost).send(items)
-
-    def _dropped(
-        self, event: ChangeEvent, ctx: ListenerContext, index: IndexKeeper, name: str
-    ) -> None:
-        ctx.logger.info(
+    def _dropped(self, event: ChangeEvent, session: _Session, name: str) -> None:
+        session.ctx.logger.info(
             "elasticsearch: {} of {} seen; on_drop={} for index {}",
             event.get("operationType"),
             f"{self.database}.{self.collection}",  # (the stream leaves ``ns`` out)
@@ -363,7 +437,7 @@ class ElasticsearchSync(ChangeStreamListener):
             name,
         )
         if self.on_drop == "delete_index":
-            index.delete(name, ctx)
+            session.index.delete(name, session.ctx)
 
     # -- initial sync ---------------------------------------------------------------------------
     def initial_sync(self, ctx: ListenerContext) -> None:
@@ -371,9 +445,8 @@ class ElasticsearchSync(ChangeStreamListener):
         replay what happened since the copy began, then move the alias onto it atomically and
         drop the old index (see :mod:`.index`). Used for the first sync and every resync. A
         partition copies its own documents in place instead (:mod:`.partitioned`)."""
-        writer, index = self._setup(ctx)
-        items, part, alias = self._items, self.partition, self._index_name
-        assert items is not None
+        session = self._session_for(ctx)
+        index, items, part, alias = session.index, session.items, self.partition, self._index_name
         saved = ctx.load_progress() or {}
         target = saved.get("target")
         if part is not None:
@@ -389,12 +462,14 @@ class ElasticsearchSync(ChangeStreamListener):
             make_item=lambda doc, version: (
                 items.item(doc, doc["_id"], version, _COPIED, target) if mine(doc["_id"]) else None
             ),
-            replay=lambda events, c: self._apply(partitioned.only(part, events), c, target),
+            replay=lambda events, _ctx: self._apply(
+                session, partitioned.only(part, events), target
+            ),
             batch_size=self.copy_batch_size,
             replay_batch=self.batch_size,
             progress_extra={"target": target},
         )
-        copy.run(ctx, self._collection(ctx), writer)
+        copy.run(ctx, self._collection(ctx), session.writer)
         if part is None:
             index.swap(alias, target, ctx)
         ctx.save_progress(None)

@@ -260,23 +260,6 @@ def make_transport(es: Any, **options: Any) -> tuple[Transport, bool]:
     raise ConfigurationError(f"es must be an Elasticsearch URL or client, got {type(es).__name__}")
 
 
-#: The listener options that are :func:`connect`'s keywords.
-CONNECT_OPTIONS = ("api_key", "ca_certs", "client_cert", "client_key", "http_compress")
-
-
-def listener_transport(listener: Any) -> tuple[Transport, bool]:
-    """:func:`make_transport` for an ``ElasticsearchSync``'s options (one connection more than
-    its ``concurrency``, for the index calls)."""
-    auth = listener.basic_auth
-    return make_transport(
-        listener.es,
-        basic_auth=tuple(auth) if auth else None,
-        request_timeout=listener.request_timeout,
-        maxsize=listener.concurrency + 2,
-        **{opt: getattr(listener, opt) for opt in CONNECT_OPTIONS},
-    )
-
-
 def error_text(body: Any) -> str:
     """A short reason from an Elasticsearch error body (never the request)."""
     if isinstance(body, dict):

@@ -1,22 +1,25 @@
-"""A bounded window of bulk requests in flight, and which stream position they acknowledge.
+"""A bounded window of bulk requests in flight, and how many of the stream's events they settle.
 
 The stream's batches become *entries*, in stream order: the requests sent for the batch and,
-once the runner names it, the position after the batch. Requests run on the writer's pool while
-the runner reads and encodes the next batch; at most ``max_requests`` requests and
+once the batch was handed over whole, its number of events. Requests run on the writer's pool
+while the runner reads and encodes the next batch; at most ``max_requests`` requests and
 ``max_bytes`` bytes are in flight (:meth:`BulkWindow.submit` waits for room), so memory and the
 tail a handover must wait for stay bounded.
 
-:meth:`BulkWindow.acknowledged` answers the newest position whose entry *and every earlier entry*
-finished: requests may complete out of order (external versions keep each document's order), but
-the position handed back never passes a request still in flight. The first failed request fails
-the window: the other requests are waited for, every entry is dropped (nothing more is
-acknowledged) and the error is raised, so the runner reopens the stream after the last
-acknowledged position and the unacknowledged tail is delivered again.
+:meth:`BulkWindow.acknowledged` answers how many events the finished entries at the head carry,
+an entry counting only once it *and every earlier entry* finished: requests may complete out of
+order (external versions keep each document's order), but what is acknowledged never passes a
+request still in flight. An entry whose batch raised before it was handed over whole counts no
+events (the runner delivers that batch again). The first failed request fails the window: the
+other requests are waited for, every entry is dropped (none of them is ever acknowledged) and
+the error is raised, so the runner reopens the stream after the last acknowledged event and the
+unacknowledged tail is delivered again.
 
-A planned handover waits for the window only briefly (:meth:`BulkWindow.flush` with a timeout):
-what is still in flight then is not acknowledged, and the successor replays it. A batch waiting
-for room stops as soon as ``stop()`` says a handover began (:class:`HandoverInterrupted`), so a
-slow sink never holds up the drain.
+A planned handover waits for the window only until its deadline (:meth:`BulkWindow.flush`): what
+is still in flight then is not acknowledged, and the successor replays it. A batch waiting for
+room stops as soon as ``stop()`` says a handover began (:class:`HandoverInterrupted`), so a slow
+sink never holds up the drain. Deadlines are read from the injected ``clock``; a wait looks at the
+clock (and at ``stop()``) at least every :data:`POLL` seconds.
 
 Thread model: one caller (the tenure's worker) calls every method; only the requests run on the
 pool. ``check`` runs before every request (:class:`~listeners.elasticsearch.bulk.BulkWriter`).
@@ -24,35 +27,44 @@ pool. ``check`` runs before every request (:class:`~listeners.elasticsearch.bulk
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
-from listeners.base import Acknowledged
 from listeners.elasticsearch.bulk import BulkItem, BulkWriter, Check, Wait
 from listeners.runtime.handover import HandoverInterrupted
+from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.errors import LeaseLostError, SinkRejectedError, SinkUnavailableError
 
 __all__ = ["BulkWindow"]
 
-#: How often a batch waiting for room looks at ``stop()`` (its wait is on the requests).
-STOP_POLL = 0.02
+#: How often a wait looks at ``stop()`` and at the clock (its wait is on the requests).
+POLL = 0.02
 
 
 @dataclass
 class _Entry:
     requests: list[Future[None]] = field(default_factory=list)
-    position: Acknowledged | None = None
+    #: Events of the batch, set once it was handed over whole (0 until then, and for writes
+    #: that are no stream batch: an initial sync's replay).
+    events: int = 0
 
 
 class BulkWindow:
-    """Bulk requests in flight for one listener (see the module docstring)."""
+    """Bulk requests in flight for one tenure (see the module docstring)."""
 
-    def __init__(self, writer: BulkWriter, *, max_requests: int, max_bytes: int) -> None:
-        self._w = writer
+    def __init__(
+        self,
+        writer: BulkWriter,
+        *,
+        max_requests: int,
+        max_bytes: int,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._writer = writer
         self.max_requests, self.max_bytes = max_requests, max_bytes
+        self._clock = clock
         self._entries: deque[_Entry] = deque()
         self._inflight: dict[Future[None], int] = {}  # request -> its bytes
         self._bytes = 0
@@ -63,8 +75,14 @@ class BulkWindow:
         return len(self._inflight)
 
     def open(self) -> None:
-        """Start the entry of the next batch (its requests follow, then :meth:`mark`)."""
+        """Start the entry of the next batch (its requests follow, then :meth:`close`)."""
         self._entries.append(_Entry())
+
+    def close(self, events: int) -> None:
+        """The newest entry's batch, of ``events`` events, was handed over whole."""
+        if not self._entries:
+            self.open()
+        self._entries[-1].events = events
 
     def submit(
         self,
@@ -78,7 +96,7 @@ class BulkWindow:
         :class:`HandoverInterrupted` when ``stop()`` turns true while it waits for room."""
         if not self._entries:
             self.open()
-        limits, versioned = self._w.limits, self._w.versioned
+        limits, versioned = self._writer.limits, self._writer.versioned
         chunk: list[BulkItem] = []
         size = 0
         for item in items:
@@ -104,50 +122,42 @@ class BulkWindow:
         ):
             if stop is not None and stop():
                 raise HandoverInterrupted("a planned handover began while a batch waited")
-            self._reap(FIRST_COMPLETED, None if stop is None else STOP_POLL)
+            self._reap(FIRST_COMPLETED, None if stop is None else POLL)
         check()
-        fut = self._w.executor().submit(self._w.send, chunk, check, wait_fn)
+        fut = self._writer.executor().submit(self._writer.send, chunk, check, wait_fn)
         self._inflight[fut] = size
         self._bytes += size
         self._entries[-1].requests.append(fut)
 
-    def mark(self, position: Acknowledged) -> None:
-        """The newest entry ends at ``position``."""
-        if not self._entries:
-            self.open()
-        self._entries[-1].position = position
-
-    def acknowledged(self) -> Acknowledged | None:
-        """Drop the finished entries at the head; the newest position among them, if any.
-        Raises the error of a failed request (see the module docstring)."""
+    def acknowledged(self) -> int:
+        """Drop the finished entries at the head; the events they carry. Raises the error of a
+        failed request (see the module docstring)."""
         self._reap(None)
-        newest: Acknowledged | None = None
+        events = 0
         while self._entries and all(f.done() for f in self._entries[0].requests):
-            entry = self._entries.popleft()
-            if entry.position is not None:
-                newest = entry.position
-        return newest
+            events += self._entries.popleft().events
+        return events
 
-    def wait(self, timeout: float | None = None, stop: Callable[[], bool] | None = None) -> None:
-        """Wait until every request finished, or at most ``timeout`` seconds (raises the first
-        error; :class:`HandoverInterrupted` once ``stop()`` says a handover began)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def wait(self, deadline: float | None = None, stop: Callable[[], bool] | None = None) -> None:
+        """Wait until every request finished, or until ``deadline`` on the clock (raises the
+        first error; :class:`HandoverInterrupted` once ``stop()`` says a handover began)."""
         while self._inflight:
             if stop is not None and stop():
                 raise HandoverInterrupted("a planned handover began while a flush waited")
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return
-            if stop is not None:
-                left = STOP_POLL if left is None else min(left, STOP_POLL)
-            self._reap(ALL_COMPLETED, left)
+            timeout: float | None = None
+            if deadline is not None:
+                left = deadline - self._clock.monotonic()
+                if left <= 0:
+                    return
+                timeout = min(left, POLL)
+            elif stop is not None:
+                timeout = POLL
+            self._reap(ALL_COMPLETED, timeout)
 
-    def flush(
-        self, timeout: float | None = None, stop: Callable[[], bool] | None = None
-    ) -> Acknowledged | None:
-        """Wait for every request (at most ``timeout`` seconds, and see :meth:`wait` for
-        ``stop``); the newest position whose every earlier request finished."""
-        self.wait(timeout, stop)
+    def flush(self, deadline: float | None = None, stop: Callable[[], bool] | None = None) -> int:
+        """Wait for every request (until ``deadline`` at most, and see :meth:`wait` for
+        ``stop``); the events of the entries now acknowledged."""
+        self.wait(deadline, stop)
         return self.acknowledged()
 
     def abandon(self) -> None:

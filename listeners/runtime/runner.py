@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from loguru import logger
 
 from listeners.base import ChangeStreamListener
-from listeners.checkpoints.policy import LastSeen
+from listeners.checkpoints.policy import CheckpointSettings, LastSeen
 from listeners.checkpoints.stores import CheckpointStore, MongoCheckpointStore
 from listeners.deadletters import DeadLetterStore
 from listeners.runtime.audit import AuditLog
@@ -147,20 +147,19 @@ class ListenerRunner:
         self.settings = TenureSettings(
             listener=listener,
             client=self._client,
-            checkpoints=self.checkpoints,
+            checkpoints=CheckpointSettings(
+                self.checkpoints, checkpoint_interval, idle_checkpoint_interval, self.last_seen
+            ),
             dead_letters=self.dead_letters,
             clock=clock,
             max_await_time=max_await_time,
             op_timeout=elector.renew_deadline / 2,
             open_timeout=max(elector.renew_deadline / 2, OPEN_TIMEOUT),
-            checkpoint_interval=checkpoint_interval,
-            idle_checkpoint_interval=idle_checkpoint_interval,
             reconnect_backoff=reconnect_backoff,
             max_reconnect_backoff=max_reconnect_backoff,
             rng=rng,
             audit=audit,
             failure_budget=failure_budget,
-            last_seen=self.last_seen,
             lease_store=elector.backend,
         )
         self._lock = threading.Lock()

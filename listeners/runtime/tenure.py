@@ -1,5 +1,10 @@
-"""One tenure's work, start to end: open the stream where the checkpoint says, deliver batches,
-let the checkpoint policy save, recover from stream errors, and end with a :class:`TenureOutcome`.
+"""One tenure's work, start to end: open the stream where the checkpoint says, hand each batch to
+the sink once, tell the checkpoint policy what the sink answered (the policy saves; the tenure
+never goes back into the sink for a batch), recover from stream errors, and end with a
+:class:`TenureOutcome`. The sink's :meth:`~listeners.base.ChangeStreamListener.flush` is asked
+only while it holds something unacknowledged: before a position past everything delivered is
+saved (idle, invalidate, a large event passed), after a dead-letter replay, when a stream
+reopens, and at a planned handover with what is left of the drain's budget.
 
 Failure model: the lease may end at any instant, the stream's connection may drop, and the oplog
 may roll past the saved position. So every MongoDB call is bounded by half the renew deadline
@@ -17,22 +22,23 @@ without its large fields (:mod:`listeners.stream.large_events`).
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pymongo
 from bson.timestamp import Timestamp
 from loguru import logger
 
-from listeners.base import ChangeEvent, ListenerContext, StopReason
+from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext, StopReason
 from listeners.checkpoints.marker import CheckpointMarker
-from listeners.checkpoints.pipelining import PipelinedCheckpoints
-from listeners.deadletters import PoisonHandler, Replayer
-from listeners.runtime.audit import ts_pair
+from listeners.checkpoints.policy import CheckpointPolicy, CheckpointSettings
+from listeners.deadletters import DeadLetterStore, PoisonHandler, Replayer
+from listeners.runtime.audit import AuditLog, ts_pair
 from listeners.runtime.handover import Drained, HandoverGate
 from listeners.runtime.status import StatusBoard, TenureOutcome
-from listeners.runtime.tenure_settings import TenureSettings
 from listeners.stream.large_events import LargeEvents
 from listeners.stream.reader import StartPosition, StreamReader
 from listeners.stream.tokens import event_time, token_time
@@ -49,17 +55,41 @@ from singleton.errors import (
 from singleton.retry import Backoff
 
 if TYPE_CHECKING:
+    from singleton.clock import Clock
     from singleton.election.leadership import Leadership
+    from singleton.lease.contract import LeaseBackend
 
 
 __all__ = ["Drained", "TenureSettings", "TenureWorker"]
 
 
+@dataclass(frozen=True)
+class TenureSettings:
+    """What every tenure of one runner shares, built once by the runner (read-only; see
+    ``ListenerRunner`` for the meanings)."""
+
+    listener: ChangeStreamListener
+    client: Any
+    checkpoints: CheckpointSettings
+    dead_letters: DeadLetterStore
+    clock: Clock
+    max_await_time: float
+    op_timeout: float
+    #: Opening a stream (a read; the server searches its oplog for the token) may take longer.
+    open_timeout: float
+    reconnect_backoff: float
+    max_reconnect_backoff: float
+    rng: random.Random
+    audit: AuditLog | None
+    failure_budget: float
+    #: The elector's lease store, where the checkpoint marker lives.
+    lease_store: LeaseBackend
+
+
 class TenureWorker:
     """Runs one tenure in the calling thread (:meth:`run`). ``drain`` asks for a handover and
     ``gate`` carries it out (:mod:`listeners.runtime.handover`); ``wake`` is set on a drain or a
-    loss,
-    and cuts any wait short."""
+    loss, and cuts any wait short."""
 
     def __init__(
         self,
@@ -71,7 +101,7 @@ class TenureWorker:
         wake: threading.Event,
         gate: HandoverGate | None = None,
     ) -> None:
-        self._s = settings
+        self._settings = settings
         self._board = board
         self._drain, self._wake = drain, wake
         self._gate = gate or HandoverGate(drain)
@@ -81,24 +111,22 @@ class TenureWorker:
             client=settings.client,
             logger=logger.bind(listener=self.name, token=leadership.token),
             listener_name=self.name,
-            progress=settings.checkpoints,
+            progress=settings.checkpoints.store,
             dead_letters=settings.dead_letters,
             draining=drain,
+            clock=settings.clock,
         )
-        self._policy = PipelinedCheckpoints(
+        self._marker = CheckpointMarker(settings.lease_store, self.name, self._bounded)
+        self._policy = CheckpointPolicy(
             settings.checkpoints,
             self.ctx,
-            clock=settings.clock,
-            interval=settings.checkpoint_interval,
-            idle_interval=settings.idle_checkpoint_interval,
             bounded=self._bounded,
+            routine=self._gate.waiting,
+            marker=self._marker,
+            board=board,
             audit=settings.audit,
-            on_saved=self._saved,
             deployment=settings.listener.deployment(),
-            listener=settings.listener,
         )
-        self._policy.routine = self._gate.waiting
-        self._marker = CheckpointMarker(settings.lease_store, self.name, self._bounded)
         self._replayer = Replayer(settings.dead_letters, self.name, clock=settings.clock)
         self._large = LargeEvents(settings.listener, self._policy, self.ctx)
         #: The bound of a read that may wait (a ``getMore``): ``op_timeout``, doubled (up to
@@ -117,13 +145,6 @@ class TenureWorker:
         #: The exception that ended the tenure, if one did.
         self.error: Exception | None = None
 
-    def _saved(self, cp: Any) -> None:
-        self._s.last_seen.saw(cp)
-        self._marker.saved(cp)
-        self._board.set(
-            last_checkpoint_cluster_time=cp.cluster_time, last_checkpoint_at=self._s.clock.time()
-        )
-
     # -- start and end --------------------------------------------------------------------
     def run(self) -> TenureOutcome:
         """Lead until the tenure ends; ``on_stop`` always runs. Never raises an ``Exception``."""
@@ -133,15 +154,15 @@ class TenureWorker:
             if ld.valid():
                 logger.info("listener leading: listener={} token={}", self.name, ld.token)
                 self._board.set(state="starting", fencing_token=ld.token, last_error=None)
-                with self._gate.acting(self._policy.release):
-                    self._s.listener.on_start(self.ctx)
+                with self._gate.acting(self._release):
+                    self._settings.listener.on_start(self.ctx)
                     self._lead()
             # Over before it began (the previous tenure's worker ended late): nothing was done.
             outcome = TenureOutcome("lost", ld.reason or "expired", True, ld.token)
         except Exception as exc:
             stop, outcome = self._ended(exc)
         try:
-            self._s.listener.on_stop(self.ctx, stop)
+            self._settings.listener.on_stop(self.ctx, stop)
         except Exception:
             logger.exception("on_stop failed: listener={}", self.name)
         self._board.batch_size = None  # no reader asks until the next tenure streams
@@ -186,33 +207,40 @@ class TenureWorker:
     def _start(self) -> StartPosition:
         """Claim the checkpoint; start where it stands, or notice it vanished, or copy first."""
         cp = self._policy.claim()
-        seen = self._s.last_seen.checkpoint
-        self._s.last_seen.saw(cp)
+        last_seen = self._settings.checkpoints.last_seen
+        seen = last_seen.checkpoint
+        last_seen.saw(cp)
         if cp is not None:
             return StartPosition.of(cp)
         gone = self._marker.disappeared(seen)
         if gone is not None:
             return self._history_lost(*gone)
-        if self._s.listener.has_initial_sync():
+        if self._settings.listener.has_initial_sync():
             return self._sync("initial sync")
         return StartPosition()
 
     def _stream(self, pos: StartPosition) -> StartPosition:
         """Stream until an invalidate (returns where to continue), a drain, or an error."""
         fresh = self._cluster_time() if pos.fresh else None
-        with self._gate.waiting(), pymongo.timeout(self._s.open_timeout):
+        with self._gate.waiting(), pymongo.timeout(self._settings.open_timeout):
             opened = self._large.watch(
-                self._s.client, pos, max_await_time=self._s.max_await_time, at_time=fresh
+                self._settings.client,
+                pos,
+                max_await_time=self._settings.max_await_time,
+                at_time=fresh,
             )
         with opened as stream:
             reader = StreamReader(
                 stream,
-                self._s.listener,
-                clock=self._s.clock,
+                self._settings.listener,
+                clock=self._settings.clock,
                 bounded=self._reading,
                 board=self._board,
             )
             self._board.set(state="streaming")
+            # What the sink still holds belongs to the previous stream: wait for it and keep
+            # none of it (this stream starts after the last acknowledged position).
+            self._flush()
             self._policy.opened(reader.resume_token, fresh)
             while True:
                 self._check_handover()
@@ -227,12 +255,15 @@ class TenureWorker:
                     self._policy.after_batch()
                 elif step.kind == "idle":
                     self._board.seen(token_time(step.token))
+                    self._flush()  # the idle position is past everything delivered
                     self._policy.caught_up(step.token)
-                    self._replayer.poll(lambda events: self._handler().deliver(events, self.ctx))
+                    self._replayer.poll(self._replay)
                 else:
                     assert step.event is not None
                     return self._invalidated(step.event)
-                if self._large.passed(step):  # saved past a large event: read full events
+                if self._large.passed(step):  # save past the large event, read full events
+                    self._flush()
+                    self._policy.passed(step.token)
                     return self._policy.resume_position(pos)
 
     def _healthy(self) -> None:
@@ -240,9 +271,9 @@ class TenureWorker:
         reported by an earlier tenure no longer stands."""
         self._failing_since = None
         self._backoff.reset()
-        self._read_timeout = self._s.op_timeout
+        self._read_timeout = self._settings.op_timeout
         if self.streaming_since is None:
-            self.streaming_since = self._s.clock.monotonic()
+            self.streaming_since = self._settings.clock.monotonic()
             self._board.set(failure=None)
 
     def _check_handover(self) -> None:
@@ -252,11 +283,12 @@ class TenureWorker:
             self.ctx.check()
 
     def _deliver(self, batch: list[ChangeEvent], token: Any) -> None:
-        """Hand ``batch`` to the listener (retries, dead letters); ``token`` follows it."""
+        """Hand ``batch`` to the listener (retries, dead letters), once; ``token`` follows it.
+        What the sink answered goes to the checkpoint policy."""
         handler = self._handler()
-        audit = self._s.audit
+        audit = self._settings.audit
         sent = audit.now() if audit is not None else 0.0
-        started = self._s.clock.monotonic()
+        started = self._settings.clock.monotonic()
         try:
             handler.deliver(batch, self.ctx)
         except BaseException:
@@ -269,26 +301,53 @@ class TenureWorker:
             len(batch),
             dead_lettered=handler.dead_lettered,
             errors=handler.errors,
-            seconds=self._s.clock.monotonic() - started,
+            seconds=self._settings.clock.monotonic() - started,
             cluster_time=last,
         )
-        self._policy.handled(token, batch)
+        self._policy.delivered(token, batch)
 
     def _handler(self) -> PoisonHandler:
-        lst = self._s.listener
+        listener, policy = self._settings.listener, self._policy
+
+        def handle(events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
+            # Every call that returns tells the policy its answer; the poison handler retries
+            # and splits a failing batch, so a call's events may be fewer than the batch's.
+            policy.handed(len(events), listener.handle_batch(events, ctx))
+
         return PoisonHandler(
-            lst.handle_batch,
-            self._s.dead_letters,
-            max_retries=lst.max_retries,
-            policy=lst.on_poison,
-            rng=self._s.rng,
+            handle,
+            self._settings.dead_letters,
+            max_retries=listener.max_retries,
+            policy=listener.on_poison,
+            rng=self._settings.rng,
         )
 
+    def _replay(self, events: list[ChangeEvent]) -> None:
+        """Dead letters marked for replay: delivered like a batch, and durable before the
+        replayer deletes their records."""
+        self._handler().deliver(events, self.ctx)
+        self._flush()
+        self._policy.require_acknowledged()
+
+    def _flush(self, deadline: float | None = None) -> None:
+        """Ask the sink for what it still holds, if anything (``ChangeStreamListener.flush``)."""
+        if self._policy.in_flight.events:
+            self._policy.flushed(self._settings.listener.flush(deadline, self.ctx))
+
+    def _release(self, left: float) -> None:
+        """A planned handover (the gate's final act, within ``left`` seconds of the drain's
+        budget, on whichever thread closes it): what the sink acknowledged by then is saved."""
+        with self._policy.within(left):
+            self._flush(self._settings.clock.monotonic() + left)
+            self._policy.release()
+
     def _invalidated(self, event: ChangeEvent) -> StartPosition:
-        self._policy.before_invalidate()
+        self._flush()
+        self._policy.release()
         logger.info("stream invalidated: listener={} token={}", self.name, self.ctx.token)
         self.ctx.check()
-        self._s.listener.on_invalidate(event, self.ctx)
+        self._settings.listener.on_invalidate(event, self.ctx)
+        self._policy.require_acknowledged()
         self._policy.save(event["_id"], event_time(event), start_after=True)
         return StartPosition(start_after=event["_id"])
 
@@ -298,7 +357,7 @@ class TenureWorker:
         logger.info("{} starting: listener={} token={} from={}", why, self.name, self.ctx.token, at)
         self._board.set(state="syncing")
         self.ctx.check()
-        self._s.listener.initial_sync(self.ctx)
+        self._settings.listener.initial_sync(self.ctx)
         self._policy.save(None, at)
         logger.info("{} done: listener={} token={}", why, self.name, self.ctx.token)
         return StartPosition(at_time=at)
@@ -318,7 +377,7 @@ class TenureWorker:
                 raise exc
             raise PermissionDeniedError(
                 f"listener {self.name!r}: MongoDB refused the change stream (check the user's "
-                f"roles: changeStream and find on {self._s.listener.database}): {exc}"
+                f"roles: changeStream and find on {self._settings.listener.database}): {exc}"
             ) from exc
         if kind == "too_large" and pos is not None:  # no budget: the same read would fail again
             self._large.failed(exc)  # reduced mode, from the reloaded checkpoint
@@ -327,7 +386,7 @@ class TenureWorker:
             raise exc
         self._spend_budget(exc)
         if getattr(exc, "timeout", False):  # pymongo's: the server did not answer in time
-            self._read_timeout = min(self._s.open_timeout, self._read_timeout * 2)
+            self._read_timeout = min(self._settings.open_timeout, self._read_timeout * 2)
         self._reconnect_wait(exc)
         if pos is None:
             return None
@@ -335,13 +394,13 @@ class TenureWorker:
         return self._policy.resume_position(pos)
 
     def _spend_budget(self, exc: Exception) -> None:
-        now = self._s.clock.monotonic()
+        now = self._settings.clock.monotonic()
         if self._failing_since is None:
             self._failing_since = now
-        elif now - self._failing_since >= self._s.failure_budget:
+        elif now - self._failing_since >= self._settings.failure_budget:
             raise RetriesExhaustedError(
                 f"listener {self.name!r}: still failing after {now - self._failing_since:.1f}s "
-                f"(failure_budget {self._s.failure_budget}s): {type(exc).__name__}: {exc}"
+                f"(failure_budget {self._settings.failure_budget}s): {type(exc).__name__}: {exc}"
             ) from exc
 
     def _history_lost(
@@ -349,16 +408,18 @@ class TenureWorker:
     ) -> StartPosition:
         """The saved position cannot be resumed (``what``): apply ``on_history_lost``. Logged
         at ERROR here when the tenure goes on; a ``fail`` is logged once, by the runner."""
-        policy = self._s.listener.on_history_lost
+        policy = self._settings.listener.on_history_lost
         self._board.count(history_lost=1)
-        if policy == "fail" or (policy == "resync" and not self._s.listener.has_initial_sync()):
+        if policy == "fail" or (
+            policy == "resync" and not self._settings.listener.has_initial_sync()
+        ):
             raise HistoryLostError(f"listener {self.name!r}: {what} (policy {policy!r})") from exc
         logger.error("{}: listener={} token={} policy={}", what, self.name, self.ctx.token, policy)
         if policy == "resync":
             return self._sync("resync")
         now = self._cluster_time()
         with self._bounded():
-            self._s.dead_letters.record_gap(self.ctx, since, now, what)
+            self._settings.dead_letters.record_gap(self.ctx, since, now, what)
         self._policy.save(None, now)
         return StartPosition(at_time=now)
 
@@ -383,7 +444,7 @@ class TenureWorker:
     def _bounded(self) -> contextlib.AbstractContextManager[None]:
         """Every MongoDB call of the worker (server selection included) ends within half the
         renew deadline, so a lost lease is noticed in time whatever the network does."""
-        return pymongo.timeout(self._s.op_timeout)
+        return pymongo.timeout(self._settings.op_timeout)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[None]:
@@ -393,4 +454,4 @@ class TenureWorker:
 
     def _cluster_time(self) -> Timestamp:
         with self._bounded():
-            return mongo.cluster_time(self._s.client)
+            return mongo.cluster_time(self._settings.client)

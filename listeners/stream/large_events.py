@@ -56,7 +56,7 @@ def position_time(pos: StartPosition) -> Timestamp | None:
 class LargeEvents:
     """Reduced mode across one tenure's streams: it opens each stream (:meth:`watch`), is told
     when a read :meth:`failed` with BSONObjectTooLarge, and says after each delivered step
-    whether reduced mode has :meth:`passed` (having then saved the checkpoint past it)."""
+    whether reduced mode has :meth:`passed`."""
 
     def __init__(
         self, listener: ChangeStreamListener, policy: CheckpointPolicy, ctx: ListenerContext
@@ -118,8 +118,9 @@ class LargeEvents:
         )
 
     def passed(self, step: Step) -> bool:
-        """``step`` was delivered: whether reduced mode is over. If so, the position after
-        ``step`` is saved first: the tenure reopens the stream normally from it."""
+        """``step`` was delivered: whether reduced mode is over. If so, the tenure saves the
+        position after ``step`` (once the sink acknowledged it) and reopens the stream normally
+        from it."""
         if not self.reduced:
             return False
         at = self._failed_at
@@ -131,7 +132,6 @@ class LargeEvents:
             return False
         if step.kind != "idle" and self._beyond < self._listener.batch_size:
             return False
-        self._policy.handover(step.token)  # everything delivered is saved
         self.reduced = False
         logger.info(
             "large change event passed, reading full events again: listener={} token={}",

@@ -15,6 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from typing_extensions import Self
+
 
 class BulkRejectingProxy:
     def __init__(self, upstream: str, reject_ratio: float = 0.3, seed: int = 0) -> None:
@@ -113,7 +115,7 @@ class BulkRejectingProxy:
         out = {"took": 1, "errors": True, "items": merged}
         return 200, json.dumps(out).encode()
 
-    def __enter__(self) -> BulkRejectingProxy:
+    def __enter__(self) -> Self:
         self.thread.start()
         return self
 

@@ -48,7 +48,7 @@ class Recorder(ChangeStreamListener):
         self.invalidated: list[ChangeEvent] = []
         self.syncs = 0
 
-    def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
+    def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> int | None:
         for e in events:
             if self.fail(e):
                 raise ValueError(f"poison {e.get('documentKey')}")
@@ -57,6 +57,7 @@ class Recorder(ChangeStreamListener):
             self.gate.wait(30)
         with self.lock:
             self.handled.extend((key(e), ctx.token, e) for e in events)
+        return None  # durable on return
 
     def on_invalidate(self, event: ChangeEvent, ctx: ListenerContext) -> None:
         self.invalidated.append(event)

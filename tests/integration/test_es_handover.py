@@ -29,16 +29,19 @@ def test_a_batch_waiting_on_the_sink_stops_when_a_handover_begins(
     with BulkHoldingProxy(es_url) as proxy:
         # a full window: the batch waits for room (pipelined) or for its answer (not)
         listener = ElasticsearchSync(
-            database=db, collection="docs", es=proxy.url, concurrency=1, bulk_actions=10
+            database=db,
+            collection="docs",
+            es=proxy.url,
+            concurrency=1,
+            bulk_actions=10,
+            pipelined=pipelined,
         )
         base = es_support.Tenures(listener.lease_name).next(client)
         draining = threading.Event()
         ctx = ListenerContext(
             base.leadership, client, base.logger, base.listener_name, draining=draining
         )
-        listener.on_start(ctx)
-        if pipelined:
-            listener.acknowledged(batch[0]["_id"], batch[:1])  # the runner's protocol: armed
+        listener.on_start(ctx)  # the runner's tenure: pipelined unless told otherwise
         raised: list[BaseException] = []
 
         def handle() -> None:

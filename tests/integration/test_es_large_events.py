@@ -21,7 +21,7 @@ def test_split_stage_only_where_supported_and_documents_looked_up_when_missing(
     coll, db = docs, docs.database.name
     listener = ElasticsearchSync(database=db, collection="docs", es=es_url)
     ctx = es_support.Tenures(listener.lease_name).next(client)
-    listener.on_start(ctx)
+    listener.on_start(ctx)  # a tenure as the runner drives it: writes stay in flight until flushed
     supported = supports_split(coll)
     assert (SPLIT_STAGE in listener.pipeline) is supported
     assert listener.split_large_events is supported
@@ -37,6 +37,7 @@ def test_split_stage_only_where_supported_and_documents_looked_up_when_missing(
         listener.handle_batch(
             [{k: v for k, v in e.items() if k != "fullDocument"} for e in batch], ctx
         )
+    listener.flush(None, ctx)
     diff = compare(coll, es_url, listener.index_name)
     assert diff.ok, diff
     assert diff.mongo_count == 4

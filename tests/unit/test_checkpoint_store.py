@@ -1,13 +1,12 @@
 """The checkpoint store contract, as a Hypothesis state machine against both real stores
 (MongoCheckpointStore on SecantusDB, RedisCheckpointStore on redis-server): writers with random
 fencing tokens and positions; no stale writer ever succeeds and the position never regresses.
-Then the checkpoint policy (when a tenure saves, and which position) on a fake clock."""
+(The checkpoint policy, when a tenure saves and which position: ``test_checkpoint_policy.py``.)"""
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
-from contextlib import nullcontext
 from typing import Any
 
 import pymongo
@@ -17,17 +16,12 @@ from bson.timestamp import Timestamp
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
-from loguru import logger
 
 from listeners import Checkpoint, CheckpointStore, MongoCheckpointStore, RedisCheckpointStore
-from listeners.base import ChangeStreamListener, ListenerContext
-from listeners.checkpoints.policy import CheckpointPolicy
+from listeners.base import ChangeStreamListener
 from listeners.checkpoints.stores import check_deployment
 from listeners.stream.tokens import token_time
-from singleton.election.leadership import Leadership
-from singleton.errors import ConfigurationError, LeaseLostError, StaleWriterError
-from singleton.lease.contract import Lease
-from singleton.testing import FakeClock
+from singleton.errors import ConfigurationError, StaleWriterError
 
 
 class _Writer:
@@ -222,89 +216,3 @@ def test_store_owns_only_what_it_creates(mongo_url: str, redis_url: str) -> None
 )
 def test_token_time_reads_mongod_keystrings(token: Any, expected: Timestamp | None) -> None:
     assert token_time(token) == expected
-
-
-# -- the checkpoint policy (when to save, what position), on a fake clock ---------------------
-class _ListStore(CheckpointStore):
-    """Keeps every save; fencing and ordering are the real stores' business (above)."""
-
-    def __init__(self) -> None:
-        self.saved: list[Checkpoint] = []
-
-    def load(self, name: str) -> Checkpoint | None:
-        return self.saved[-1] if self.saved else None
-
-    def claim(self, name: str, fencing_token: int, holder: str, deployment: Any) -> Any:
-        return self.load(name)
-
-    def save(self, checkpoint: Checkpoint) -> None:
-        self.saved.append(checkpoint)
-
-    def load_progress(self, name: str) -> dict[str, Any] | None:
-        return None
-
-    def save_progress(self, name: str, data: Any, leadership: Any) -> None:
-        return None
-
-
-def _token(t: int, i: int = 0) -> dict[str, str]:
-    return {"_data": f"82{t:08x}{i:08x}"}
-
-
-def _policy(interval: float = 1.0, idle: float = 5.0) -> tuple[CheckpointPolicy, FakeClock, Any]:
-    clock = FakeClock()
-    ld = Leadership(Lease("n", "me/1", 7, 10.0), "me", clock.monotonic() + 100, clock)
-    ctx = ListenerContext(leadership=ld, client=None, logger=logger, listener_name="n")  # type: ignore[arg-type]
-    store = _ListStore()
-    policy = CheckpointPolicy(
-        store, ctx, clock=clock, interval=interval, idle_interval=idle, bounded=nullcontext
-    )
-    return policy, clock, (store, ld)
-
-
-def _events(t: int) -> list[dict[str, Any]]:
-    return [{"_id": _token(t), "clusterTime": Timestamp(t, 0)}]
-
-
-def test_policy_saves_under_load_at_most_every_interval() -> None:
-    policy, clock, (store, _) = _policy(interval=1.0)
-    policy.opened(_token(10), None)
-    for t in range(11, 16):  # five batches in 0.4 s: no save yet
-        policy.handled(_token(t), _events(t))
-        policy.after_batch()
-        clock.advance(0.1)
-    assert store.saved == []
-    clock.advance(0.6)
-    policy.handled(_token(16), _events(16))
-    policy.after_batch()
-    assert [cp.cluster_time for cp in store.saved] == [Timestamp(16, 0)]
-
-
-def test_policy_saves_when_caught_up_and_idle_advances_only_when_due() -> None:
-    policy, clock, (store, _) = _policy(idle=5.0)
-    policy.opened(_token(10), Timestamp(10, 0))  # a fresh stream saves its start at once
-    policy.handled(_token(11), _events(11))
-    policy.caught_up(_token(12))  # what was handled is saved as soon as the stream is idle
-    policy.caught_up(_token(13))  # an idle advance waits for idle_interval
-    clock.advance(5.0)
-    policy.caught_up(_token(13))
-    policy.caught_up(_token(13))  # and is not repeated for the same token
-    assert [cp.cluster_time.time for cp in store.saved] == [10, 12, 13]
-
-
-def test_policy_handover_saves_what_was_handled_and_never_moves_back() -> None:
-    policy, _, (store, _) = _policy(interval=60.0)
-    policy.opened(_token(20), Timestamp(20, 0))
-    policy.handover(_token(20))  # nothing new: nothing to save
-    policy.handled({"_data": "opaque"}, _events(25))
-    policy.handover({"_data": "opaque"})  # no time in the token: the batch's time is used
-    policy.save({"_data": "older"}, Timestamp(3, 0))  # a stale fallback: the position holds
-    assert [cp.cluster_time for cp in store.saved] == [Timestamp(20, 0)] + [Timestamp(25, 0)] * 2
-
-
-def test_policy_checks_the_lease_before_every_save() -> None:
-    policy, _, (store, ld) = _policy()
-    ld._end("lost")
-    with pytest.raises(LeaseLostError):
-        policy.save(_token(5), None)
-    assert store.saved == []

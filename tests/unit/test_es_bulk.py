@@ -105,7 +105,7 @@ def test_an_answer_without_errors_counts_every_item_and_one_with_errors_is_read_
             Scripted(answer),
             limits,
             on_dead=lambda letters: None,
-            observe=lambda items, nbytes, seconds, back: observed.append((items, back)),
+            observe=lambda items, nbytes, seconds, back, at: observed.append((items, back)),
         )
 
     batch = [BulkItem("index", "i", str(k), 1, b"{}") for k in range(3)]

@@ -4,11 +4,23 @@ position is saved exactly once, on whichever thread gets there first."""
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
+from typing import Any
 
 import pytest
+from bson.timestamp import Timestamp
+from loguru import logger
 
+from listeners.base import ListenerContext
+from listeners.checkpoints.marker import CheckpointMarker
+from listeners.checkpoints.policy import CheckpointPolicy, CheckpointSettings, LastSeen
+from listeners.checkpoints.stores import Checkpoint, CheckpointStore
 from listeners.runtime.handover import Drained, HandoverGate
+from listeners.runtime.status import StatusBoard
+from singleton.election.leadership import Leadership
 from singleton.errors import LeaseLostError
+from singleton.lease.contract import Lease
+from singleton.testing import FakeClock, MemoryLeaseBackend
 
 
 def test_a_drain_does_not_wait_for_a_read_and_the_read_is_dropped() -> None:
@@ -123,70 +135,68 @@ def test_a_handover_checkpoint_the_store_does_not_answer_still_ends_as_a_handove
     assert len(tried) == 1
 
 
+class SlowStore(CheckpointStore):
+    """The first save blocks until ``answer`` is set; every save is kept."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[str, Timestamp]] = []
+        self.writing, self.answer = threading.Event(), threading.Event()
+
+    def load(self, name: str) -> Checkpoint | None:
+        return None
+
+    def claim(self, name: str, fencing_token: int, holder: str, deployment: Any) -> Any:
+        return None
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        if not self.writing.is_set():
+            self.writing.set()
+            assert self.answer.wait(30)
+        self.saved.append((threading.current_thread().name, checkpoint.cluster_time))
+
+    def load_progress(self, name: str) -> dict[str, Any] | None:
+        return None
+
+    def save_progress(self, name: str, data: Any, leadership: Any) -> None:
+        return None
+
+
+def at(t: int) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    token = {"_data": f"82{t:08x}{0:08x}"}
+    return token, [{"_id": token, "clusterTime": Timestamp(t, 0)}]
+
+
 @pytest.mark.parametrize("newer", [False, True])
 def test_a_drain_does_not_wait_for_a_routine_checkpoint_write(newer: bool) -> None:
     """The worker is inside a periodic save the store does not answer: the drain takes the gate
     anyway. It writes nothing older than or equal to that save's position (which lands or is
     refused; either way nothing acknowledged is lost), but a newer acknowledged position it
     writes itself. The worker, when its write returns, ends."""
-    from contextlib import nullcontext
-    from typing import Any
-
-    from bson.timestamp import Timestamp
-    from loguru import logger
-
-    from listeners.base import ListenerContext
-    from listeners.checkpoints.policy import CheckpointPolicy
-    from listeners.checkpoints.stores import Checkpoint, CheckpointStore
-    from singleton.election.leadership import Leadership
-    from singleton.lease.contract import Lease
-    from singleton.testing import FakeClock
-
-    class SlowStore(CheckpointStore):
-        """The first save blocks until ``answer`` is set; every save is kept."""
-
-        def __init__(self) -> None:
-            self.saved: list[tuple[str, Timestamp]] = []
-            self.writing, self.answer = threading.Event(), threading.Event()
-
-        def load(self, name: str) -> Checkpoint | None:
-            return None
-
-        def claim(self, name: str, fencing_token: int, holder: str, deployment: Any) -> Any:
-            return None
-
-        def save(self, checkpoint: Checkpoint) -> None:
-            if not self.writing.is_set():
-                self.writing.set()
-                assert self.answer.wait(30)
-            self.saved.append((threading.current_thread().name, checkpoint.cluster_time))
-
-        def load_progress(self, name: str) -> dict[str, Any] | None:
-            return None
-
-        def save_progress(self, name: str, data: Any, leadership: Any) -> None:
-            return None
-
-    def at(t: int) -> tuple[dict[str, str], list[dict[str, Any]]]:
-        token = {"_data": f"82{t:08x}{0:08x}"}
-        return token, [{"_id": token, "clusterTime": Timestamp(t, 0)}]
-
     clock = FakeClock()
     ld = Leadership(Lease("n", "me/1", 7, 10.0), "me", clock.monotonic() + 100, clock)
-    ctx = ListenerContext(leadership=ld, client=None, logger=logger, listener_name="n")  # type: ignore[arg-type]
+    ctx = ListenerContext(leadership=ld, client=None, logger=logger, listener_name="n", clock=clock)  # type: ignore[arg-type]
     store = SlowStore()
-    policy = CheckpointPolicy(
-        store, ctx, clock=clock, interval=0.0, idle_interval=5.0, bounded=nullcontext
-    )
     drain = threading.Event()
     gate = HandoverGate(drain, budget=30)
-    policy.routine = gate.waiting
+    policy = CheckpointPolicy(
+        CheckpointSettings(store, interval=0.0, idle_interval=5.0, last_seen=LastSeen()),
+        ctx,
+        bounded=nullcontext,
+        routine=gate.waiting,
+        marker=CheckpointMarker(MemoryLeaseBackend(clock), "n", nullcontext),
+        board=StatusBoard("n"),
+    )
     ended: list[BaseException] = []
+
+    def release(left: float) -> None:  # the tenure's final act at a handover
+        with policy.within(left):
+            policy.release()
 
     def worker() -> None:
         try:
-            with gate.acting(policy.release):
-                policy.handled(*at(5))
+            with gate.acting(release):
+                policy.handed(1, None)  # the sink acknowledged the batch as it returned
+                policy.delivered(*at(5))
                 policy.after_batch()  # blocks in the store
         except BaseException as exc:
             ended.append(exc)
@@ -194,8 +204,10 @@ def test_a_drain_does_not_wait_for_a_routine_checkpoint_write(newer: bool) -> No
     t = threading.Thread(target=worker, name="worker")
     t.start()
     assert store.writing.wait(30)
-    if newer:  # what a pipelining sink's flush acknowledges at the drain
-        policy.handled(*at(6))
+    if newer:  # a batch a pipelining sink still held, acknowledged by its flush at the drain
+        policy.handed(1, 0)
+        policy.delivered(*at(6))
+        policy.flushed(None)
     drain.set()
     assert gate.close(timeout=30) is True  # while the worker's write still hangs
     assert store.saved == ([("MainThread", Timestamp(6, 0))] if newer else [])
