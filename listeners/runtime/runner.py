@@ -130,9 +130,7 @@ class ListenerRunner:
             failure_budget,
         )
         self.listener, self.elector, self.name = listener, elector, listener.lease_name
-        self._client, self._owns_client = mongo.client(
-            client_or_url, timeout=3.0, socket_timeout=5.0
-        )
+        self._client, self._owns_client = mongo.client(client_or_url, mongo.Timeouts.STORE)
         self.checkpoints = checkpoints or MongoCheckpointStore(self._client)
         self.dead_letters = dead_letters or DeadLetterStore(self._client)
         clock = clock or SYSTEM_CLOCK
