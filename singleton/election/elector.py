@@ -1,4 +1,4 @@
-"""The Elector: an :class:`~singleton.election.machine.Election` run on threads.
+"""The thread driver: an :class:`~singleton.election.machine.Election` run on two threads.
 
 Failure model: the election's rules (see :mod:`singleton.election.machine`) keep a tenure valid only
 until its renew deadline; this module makes that deadline bite on time. A backend call may hang
@@ -6,42 +6,50 @@ until its renew deadline; this module makes that deadline bite on time. A backen
 on a condition until the current tenure's deadline and demotes it then, whatever the elector
 thread is doing.
 
-Threads: one elector thread (contend, renew, rotate) and one watchdog thread per started
-Elector, plus one short-lived thread per drain. Callbacks run on those threads (``on_lost``
-after :meth:`Elector.resign` on the resigning thread) and must return quickly;
-``before_release`` is the one callback allowed to block, bounded by ``release_timeout``. Every
-wait is on an event or a condition with a timeout, so ``stop()`` wakes them all.
+Threads: one elector thread (it performs the election's actions: contend, renew, drain,
+release) and one watchdog thread per started Elector, plus one short-lived thread per drain.
+Callbacks run on those threads (``on_lost`` after :meth:`Elector.resign` on the resigning thread)
+and must return quickly; ``before_release`` is the one callback allowed to block, bounded by
+``release_timeout``. Every wait is on an event or a condition with a timeout, so ``stop()`` wakes
+them all.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import random
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.election.callbacks import (
     BeforeRelease,
-    Callbacks,
     OnElected,
     OnLost,
     OnNewLeader,
     Subscribers,
 )
-from singleton.election.gate import Gate
 from singleton.election.health import ElectorStats
 from singleton.election.leadership import Leadership
-from singleton.election.machine import Election
-from singleton.errors import ConfigurationError, ElectionTimeoutError, SingletonError
-from singleton.lease.contract import HOLDER_SEPARATOR, LeaseBackend, takes_since
-from singleton.lease.timings import LeaseTimings
-from singleton.retry import Backoff
+from singleton.election.machine import (
+    Action,
+    Contend,
+    Contended,
+    Drain,
+    Election,
+    Release,
+    Renew,
+    Wait,
+)
+from singleton.election.settings import (
+    ElectorOptions,
+    ElectorSettings,
+    check_lease_name,
+    default_identity,
+)
+from singleton.errors import ElectionTimeoutError, SingletonError
+from singleton.lease.contract import Lease, LeaseBackend, LeaseState
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
@@ -50,6 +58,7 @@ __all__ = [
     "BeforeRelease",
     "ElectionTimeoutError",
     "Elector",
+    "ElectorOptions",
     "ElectorStats",
     "OnElected",
     "OnLost",
@@ -57,32 +66,15 @@ __all__ = [
     "default_identity",
 ]
 
-#: The contend backoff doubles from ``retry_interval`` up to this (or ``retry_interval``).
-MAX_RETRY_BACKOFF = 30.0
-
-
-def default_identity() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def _check_arguments(name: object, identity: object, jitter: float) -> None:
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError(f"lease name must be a non-empty string, got {name!r}")
-    if identity is not None and (not isinstance(identity, str) or not identity):
-        raise ConfigurationError(f"identity must be a non-empty string, got {identity!r}")
-    if isinstance(identity, str) and HOLDER_SEPARATOR in identity:
-        raise ConfigurationError(
-            f"identity must not contain {HOLDER_SEPARATOR!r}, got {identity!r}"
-        )
-    if not 0 <= jitter < 1:
-        raise ConfigurationError(f"jitter must be in [0, 1), got {jitter!r}")
-
 
 class Elector:
-    """Campaign for ``name`` on ``backend``; while elected, renew; on any doubt, step down.
+    """Keep one replica in charge of lease ``name`` on ``backend``, from background threads.
 
-    Timings (seconds) must satisfy ``ttl > renew_deadline > 1.2 * renew_interval > 0``
-    (defaults: ``renew_interval = ttl / 3``, ``renew_deadline = 2 * ttl / 3``), or come whole as
+    ``start()`` campaigns; while elected the tenure is renewed, and on any doubt it ends
+    (``on_lost``) before the store could grant the lease to anyone else. The keyword options
+    (:class:`~singleton.election.settings.ElectorOptions`) are checked at once. Timings
+    (seconds) must satisfy ``ttl > renew_deadline > 1.2 * renew_interval > 0`` (defaults:
+    ``renew_interval = ttl / 3``, ``renew_deadline = 2 * ttl / 3``), or come whole as
     ``timings``. With ``max_tenure`` set, the leader hands over voluntarily after about that
     long, then sits out ``cooldown`` (default ``retry_interval``) so that another replica takes
     over. ``jitter`` spreads retries and tenures by that fraction; ``seed`` makes it repeatable.
@@ -90,43 +82,14 @@ class Elector:
     acquire (a positive answer is the seconds to wait instead) and told when the attempt returned.
     """
 
-    def __init__(
-        self,
-        backend: LeaseBackend,
-        name: str,
-        *,
-        identity: str | None = None,
-        ttl: float = 15.0,
-        renew_interval: float | None = None,
-        renew_deadline: float | None = None,
-        retry_interval: float = 2.0,
-        max_tenure: float | None = None,
-        cooldown: float | None = None,
-        release_timeout: float | None = None,
-        timings: LeaseTimings | None = None,
-        on_elected: OnElected | None = None,
-        on_lost: OnLost | None = None,
-        on_new_leader: OnNewLeader | None = None,
-        before_release: BeforeRelease | None = None,
-        clock: Clock | None = None,
-        jitter: float = 0.1,
-        seed: int | None = None,
-        unsafe_disable_fencing: bool = False,
-        gate: Gate | None = None,
-    ) -> None:
-        _check_arguments(name, identity, jitter)
-        t = timings or LeaseTimings.of(
-            ttl,
-            renew_interval,
-            renew_deadline,
-            retry_interval,
-            max_tenure,
-            cooldown,
-            release_timeout,
-        )
+    def __init__(self, backend: LeaseBackend, name: str, **options: Unpack[ElectorOptions]) -> None:
+        check_lease_name(name)
+        settings = ElectorSettings.of(**options)
+        t = settings.timings
+        self.settings = settings
         self.backend = backend
         self.name = name
-        self.identity = identity or default_identity()
+        self.identity = settings.identity
         self.timings = t
         self.ttl = t.ttl
         self.renew_interval = t.renew_interval
@@ -135,29 +98,20 @@ class Elector:
         self.max_tenure = t.max_tenure
         self.cooldown = t.cooldown
         self.release_timeout = t.release_timeout
-        self._clock = clock or SYSTEM_CLOCK
-        self._callbacks = Callbacks(name)
-        self._callbacks.add(
-            on_elected=on_elected,
-            on_lost=on_lost,
-            on_new_leader=on_new_leader,
-            before_release=before_release,
-        )
+        self._clock = settings.clock
         self._cv = threading.Condition()  # the watchdog waits on it for the next deadline
         self._wake = threading.Event()  # interrupts the elector thread's wait
         self._stopping = threading.Event()
         self._release_on_stop = True
         self._threads: list[threading.Thread] = []
         self._started = False
-        self._gate = gate
-        self._takes_since = takes_since(backend)  # backends older than release marks do not
-        self._election = self._new_election(t, jitter, seed, fenced=not unsafe_disable_fencing)
+        self._election = Election(name, settings, store=backend.describe(), changed=self._changed)
 
     # -- public API -----------------------------------------------------------------------
     def subscribe(self, **callbacks: Unpack[Subscribers]) -> None:
         """Add callbacks (for example a listener runner's), in addition to the constructor's:
         any of ``on_elected``, ``on_lost``, ``on_new_leader`` and ``before_release``."""
-        self._callbacks.add(**callbacks)
+        self._election.callbacks.add(**callbacks)
 
     @property
     def leadership(self) -> Leadership | None:
@@ -252,7 +206,11 @@ class Elector:
         the store. Pass the ``leadership`` the work ran under so that a late call cannot end a
         newer tenure. Returns whether a tenure was ended (``False`` on a follower).
         """
-        return self._election.resign(cooldown, reason, leadership)
+        release = self._election.resign(cooldown, reason, leadership)
+        if release is None:
+            return False
+        self._carry_out(release)
+        return True
 
     @contextlib.contextmanager
     def lead(self, timeout: float | None = None) -> Iterator[Leadership]:
@@ -286,39 +244,84 @@ class Elector:
         if self._stopping.is_set():
             self._election.check_deadline()
             return 0.0
-        return self._election.tick()
+        return self._step().seconds
 
     # -- threads --------------------------------------------------------------------------
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
                 try:
-                    delay = self.tick()
+                    wait = self._step()
                 except Exception as exc:  # a bug must not leave a leader running unrenewed
                     logger.exception("elector step crashed: lease={}", self.name)
-                    delay = self._election.crashed(exc)
-                if delay > 0:
-                    self._wait(delay)
+                    wait = self._election.crashed(exc)
+                if wait.seconds > 0:
+                    self._wait(wait)
         finally:
             self._finish()
             self._changed()
 
-    def _wait(self, delay: float) -> None:
+    def _step(self) -> Wait:
+        return self._carry_out(self._election.tick())
+
+    def _carry_out(self, action: Action) -> Wait:
+        """Perform ``action`` and those the election asks for after it, until it says wait."""
+        while not isinstance(action, Wait):
+            action = self._perform(action)
+        return action
+
+    def _perform(self, action: Contend | Renew | Drain | Release) -> Action:
+        # The only calls to the backend; each reports back, and the election decides the rest.
+        election = self._election
+        if isinstance(action, Contend):
+            return election.contended(action, self._contend(action))
+        if isinstance(action, Renew):
+            sent_at = self._clock.monotonic()
+            renewed: Lease | SingletonError | None
+            try:
+                renewed = self.backend.renew(action.lease, action.ttl)
+            except SingletonError as exc:
+                renewed = exc
+            return election.renewed(action, renewed, sent_at)
+        if isinstance(action, Drain):
+            ld = action.leadership
+            finished = self._run_bounded(
+                lambda: election.callbacks.before_release(ld), action.timeout
+            )
+            return election.drained(action, finished)
+        released: bool | SingletonError
+        try:
+            released = self.backend.release(action.lease)
+        except SingletonError as exc:
+            released = exc
+        return election.released(action, released)
+
+    def _contend(self, action: Contend) -> Contended:
+        # Read before the round trip: a release applied after the server refused us is
+        # observed after this read, so the wait that follows returns even if it came first.
+        mark = self.backend.release_mark(action.name)
+        sent_at = self._clock.monotonic()
+        answer: Lease | LeaseState | SingletonError | None
+        try:
+            answer = self.backend.contend(action.name, action.holder, action.ttl)
+        except SingletonError as exc:
+            answer = exc
+        return Contended.of(answer, sent_at=sent_at, release_mark=mark)
+
+    def _wait(self, wait: Wait) -> None:
         self._wake.clear()
         if self._stopping.is_set() or self._election.rotate_pending:
             return
-        if not self._election.idle():
-            self._wake.wait(delay)
+        if not wait.for_release:
+            self._wake.wait(wait.seconds)
             return
-        since = self._election.release_mark if self._takes_since else None
         try:
-            if since is None:
-                self.backend.wait_for_release(self.name, delay, wake=self._wake)
-            else:
-                self.backend.wait_for_release(self.name, delay, wake=self._wake, since=since)
+            self.backend.wait_for_release(
+                self.name, wait.seconds, wake=self._wake, since=wait.since
+            )
         except SingletonError as exc:
             logger.debug("wait_for_release failed: lease={}: {}", self.name, exc)
-            self._wake.wait(delay)
+            self._wake.wait(wait.seconds)
 
     def _watch(self) -> None:
         # Demoting (and so on_lost) happens outside the condition: on_lost may join threads
@@ -336,29 +339,6 @@ class Elector:
                     self._cv.wait(left if left > 0 else self.renew_interval)
                     continue
             self._election.check_deadline()
-
-    def _new_election(
-        self, t: LeaseTimings, jitter: float, seed: int | None, *, fenced: bool
-    ) -> Election:
-        retries = Backoff(
-            t.retry_interval,
-            max(MAX_RETRY_BACKOFF, t.retry_interval),
-            jitter=jitter,
-            rng=random.Random(seed),
-        )
-        return Election(
-            self.backend,
-            self.name,
-            self.identity,
-            t,
-            clock=self._clock,
-            backoff=retries,
-            callbacks=self._callbacks,
-            run_bounded=self._run_bounded,
-            changed=self._changed,
-            fenced=fenced,
-            gate=self._gate,
-        )
 
     def _changed(self) -> None:
         """A tenure started, was renewed or ended: wake the waits that depend on it."""
@@ -379,7 +359,7 @@ class Elector:
         return done.wait(timeout)
 
     def _finish(self) -> None:
-        self._election.finish(release=self._release_on_stop)
+        self._carry_out(self._election.finish(release=self._release_on_stop))
         logger.info("elector stopped: lease={} identity={}", self.name, self.identity)
 
     def __repr__(self) -> str:

@@ -1,4 +1,4 @@
-"""One lease name's election as a state machine: every decision, and no thread, no sleep.
+"""One lease name's election as a state machine: every decision, and no I/O, thread or sleep.
 
 Failure model: this process may pause at any point (GC, SIGSTOP, a blocked socket), and the
 lease store may stop answering. Safety therefore never depends on a call returning: a tenure is
@@ -6,20 +6,16 @@ valid only until ``renew_deadline`` seconds after the last renewal that was *sen
 confirmed, measured on the injected monotonic clock. Because ``renew_deadline < ttl`` and the
 server starts its ``ttl`` no earlier than we sent the request, the local tenure ends before the
 store can grant the lease to anyone else (clock *rates* are assumed to agree within
-``(ttl - renew_deadline) / ttl``; offsets do not matter).
+``(ttl - renew_deadline) / ttl``; offsets do not matter). A failed call is retried (contends with
+a capped :class:`~singleton.retry.Backoff`), logged (at ERROR when retrying cannot fix it) and
+kept in :attr:`Election.health`.
 
-:class:`Election` decides (contend, lead, renew, hand over, demote) from its state, the backend's
-answers and the clock; :meth:`Election.tick` takes one step and says how long until the next is
-due. Running it is a driver's job: :class:`singleton.election.elector.Elector` runs it on an elector
-thread, with a watchdog thread that calls :meth:`Election.check_deadline` at the deadline even
-while the elector thread hangs inside a backend call. The one wait a step needs, the drain
-bounded by ``release_timeout``, is the driver's too (``run_bounded``), so an asyncio driver
-would reuse these rules rather than copy them.
-
-Never stuck, never silent: a failed call to the store is retried (contending with a capped
-:class:`~singleton.retry.Backoff`), logged (at ERROR, naming the store, when retrying cannot fix
-it) and kept in :attr:`Election.health` (see :mod:`singleton.election.health`). When the work under
-a lease fails for good, :meth:`Election.resign` ends the tenure at once and releases the lease.
+The protocol: :meth:`Election.tick` returns the action due now. A :class:`Wait` ends the step;
+any other action is the driver's to perform (it alone calls the backend), and the driver reports
+the result with the matching method (:meth:`~Election.contended`, :meth:`~Election.renewed`,
+:meth:`~Election.drained`, :meth:`~Election.released`), which returns the next action: perform
+that at once, until a :class:`Wait`. So a thread driver and an asyncio driver run the very same
+rules; only the waiting (and ``before_release``'s bound) differ.
 """
 
 from __future__ import annotations
@@ -27,56 +23,147 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from loguru import logger
 
-from singleton.clock import Clock
-from singleton.election.callbacks import Callbacks, RunBounded
-from singleton.election.gate import Gate
+from singleton.election.callbacks import Callbacks
 from singleton.election.health import ElectorStats, StoreHealth
 from singleton.election.leadership import Leadership
+from singleton.election.settings import ElectorSettings
 from singleton.errors import ConfigurationError, SingletonError
-from singleton.lease.contract import HOLDER_SEPARATOR, Lease, LeaseBackend, LeaseState, identity_of
-from singleton.lease.timings import LeaseTimings
-from singleton.retry import Backoff
+from singleton.lease.contract import HOLDER_SEPARATOR, Lease, LeaseState, identity_of
+
+
+# -- what the machine asks of a driver --------------------------------------------------------
+@dataclass(frozen=True)
+class Contend:
+    """Read ``backend.release_mark(name)``, then the clock, then call
+    ``backend.contend(name, holder, ttl)``; report a :class:`Contended`."""
+
+    name: str
+    holder: str
+    ttl: float
+
+
+@dataclass(frozen=True)
+class Renew:
+    """Read the clock, then call ``backend.renew(lease, ttl)``; report the lease, ``None``
+    (refused) or the :class:`~singleton.errors.SingletonError` raised, with the time sent."""
+
+    leadership: Leadership
+    ttl: float
+
+    @property
+    def lease(self) -> Lease:
+        return self.leadership.lease
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Run ``callbacks.before_release(leadership)`` for at most ``timeout`` seconds (it may
+    block); report whether it finished in time. Work it leaves running is fenced off anyway."""
+
+    leadership: Leadership
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Release:
+    """Call ``backend.release(lease)``; report its answer or the error raised."""
+
+    leadership: Leadership
+
+    @property
+    def lease(self) -> Lease:
+        return self.leadership.lease
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do for ``seconds`` (0: tick again at once); a wake (stop, rotate, a tenure
+    that changed) may end it sooner. With ``for_release`` a follower may also end it when the
+    lease is released: ``backend.wait_for_release(name, seconds, since=since)``."""
+
+    seconds: float
+    for_release: bool = False
+    since: int | None = None
+
+
+Action = Contend | Renew | Drain | Release | Wait
+
+
+@dataclass(frozen=True)
+class Contended:
+    """What a :class:`Contend` came back with. Build it with :meth:`of` from the backend's answer.
+
+    ``sent_at`` is the monotonic time read just before the call (a tenure's deadline counts
+    from it); ``release_mark`` the backend's mark read before that, for the wait that follows a
+    refusal. Exactly one of ``granted``, ``held_by`` and ``error`` is set, or none: the lease was
+    held but vanished before it could be inspected.
+    """
+
+    sent_at: float
+    granted: Lease | None = None
+    held_by: LeaseState | None = None
+    error: SingletonError | None = None
+    release_mark: int | None = None
+
+    @classmethod
+    def of(
+        cls,
+        answer: Lease | LeaseState | SingletonError | None,
+        *,
+        sent_at: float,
+        release_mark: int | None = None,
+    ) -> Contended:
+        if isinstance(answer, Lease):
+            return cls(sent_at, granted=answer, release_mark=release_mark)
+        if isinstance(answer, LeaseState):
+            return cls(sent_at, held_by=answer, release_mark=release_mark)
+        return cls(sent_at, error=answer, release_mark=release_mark)
+
+
+@dataclass(frozen=True)
+class _Handover:
+    """A planned end of a tenure in progress: drain, demote with ``reason``, then release."""
+
+    leadership: Leadership
+    reason: str
+    release: bool
+    cooldown: bool  # sit out ``timings.cooldown`` once done (a rotation, not a stop)
 
 
 class Election:
-    """Campaign for ``name`` on ``backend``; while elected, renew; on any doubt, step down.
+    """The rules of one lease's campaign, as decisions: contend, lead, renew, hand over, demote.
 
-    Thread-safe: the driver's watchdog and ``stop()`` may demote while a step runs. ``changed``
+    Thread-safe where a driver needs it: the watchdog (:meth:`check_deadline`), :meth:`rotate`,
+    :meth:`resign` and :meth:`finish` may run while another thread is inside a step. ``changed``
     is called, outside every lock, whenever a tenure starts, is renewed or ends, so that the
-    driver re-reads :attr:`tenure` and wakes its waits.
+    driver re-reads :attr:`tenure` and wakes its waits. ``store`` names the backend in logs.
     """
 
     def __init__(
-        self,
-        backend: LeaseBackend,
-        name: str,
-        identity: str,
-        timings: LeaseTimings,
-        *,
-        clock: Clock,
-        backoff: Backoff,
-        callbacks: Callbacks,
-        run_bounded: RunBounded,
-        changed: Callable[[], None],
-        fenced: bool = True,
-        gate: Gate | None = None,
+        self, name: str, settings: ElectorSettings, *, store: str, changed: Callable[[], None]
     ) -> None:
-        self.backend = backend
         self.name = name
-        self.identity = identity
-        self.timings = timings
+        self.identity = settings.identity
+        self.timings = settings.timings
+        self.store = store
         self.stats = ElectorStats()
-        self.health = StoreHealth(self.stats, f"lease={name} backend={backend.describe()}")
-        self._clock = clock
-        self._backoff = backoff
-        self._callbacks = callbacks
-        self._run_bounded = run_bounded
+        self.health = StoreHealth(self.stats, f"lease={name} backend={store}")
+        self.callbacks = Callbacks(name)
+        self.callbacks.add(
+            on_elected=settings.on_elected,
+            on_lost=settings.on_lost,
+            on_new_leader=settings.on_new_leader,
+            before_release=settings.before_release,
+        )
+        self._clock = settings.clock
+        self._backoff = settings.backoff()
+        self._fenced = settings.fenced
+        self._gate = settings.gate
         self._changed = changed
-        self._fenced = fenced
-        self._gate = gate
         self._lock = threading.Lock()
         self._holder = self._new_holder()
         self._leadership: Leadership | None = None
@@ -85,9 +172,10 @@ class Election:
         self._tenure_end: float | None = None
         self._cooldown_until = 0.0
         self._rotate = False
-        #: After a step whose contend found the lease held: the backend's release mark read
-        #: before that contend, for the driver's wait (``wait_for_release(since=...)``).
-        self.release_mark: int | None = None
+        # The step in flight (touched only by the thread that steps): the action handed out and
+        # not yet reported, and the handover it belongs to, if any.
+        self._pending: Action | None = None
+        self._handover: _Handover | None = None
 
     # -- what a driver reads ----------------------------------------------------------------
     @property
@@ -119,12 +207,71 @@ class Election:
         return self._clock.monotonic() < self._cooldown_until
 
     # -- steps --------------------------------------------------------------------------------
-    def tick(self) -> float:
-        """Take the step that is due; return the seconds until the next one."""
+    def tick(self) -> Action:
+        """The action due now (see the module's protocol)."""
         self.check_deadline()
-        self.release_mark = None
         ld = self._leadership
-        return self._contend() if ld is None else self._lead(ld)
+        return self._hand_out(self._follow() if ld is None else self._lead(ld))
+
+    def contended(self, action: Contend, result: Contended) -> Action:
+        """``action``'s result: lead, follow the holder, or back off."""
+        self._settle(action)
+        try:
+            return self._hand_out(self._after_contend(result))
+        finally:
+            if self._gate is not None:  # after _elected: a won lease already counts as held
+                self._gate.done(self.name)
+
+    def renewed(
+        self, action: Renew, answer: Lease | SingletonError | None, sent_at: float
+    ) -> Action:
+        """``action``'s answer, the call sent at monotonic ``sent_at``: a later deadline (counted
+        from ``sent_at``), a loss, or a retry."""
+        in_handover = self._settle(action) and self._handover is not None
+        self._apply_renewal(action.leadership, answer, sent_at)
+        if not in_handover:
+            return Wait(0.0)
+        if action.leadership.valid():
+            return self._hand_out(Drain(action.leadership, self.timings.release_timeout))
+        return self._hand_out(self._end_handover())
+
+    def drained(self, action: Drain, finished: bool) -> Action:
+        """The drain returned (``finished``) or its bound passed: stop acting, then release."""
+        self._settle(action)
+        if not finished:
+            logger.warning(
+                "before_release did not finish within {}s, releasing anyway (the successor"
+                " replays what was not acknowledged): lease={} token={}",
+                action.timeout,
+                self.name,
+                action.leadership.token,
+            )
+        return self._hand_out(self._end_handover())
+
+    def released(self, action: Release, answer: bool | SingletonError) -> Action:
+        """The release's answer; a failure only means the lease will expire instead."""
+        in_step = self._settle(action)  # else a resign()'s release, on the resigning thread
+        ld = action.leadership
+        if isinstance(answer, SingletonError):
+            log = logger.warning if self.health.failed(answer) else logger.error
+            log(
+                "release failed (lease will expire): lease={} backend={}: {}",
+                self.name,
+                self.store,
+                self.health.last_error,
+            )
+            self.callbacks.released(ld, False)
+        else:
+            self.health.answered()
+            logger.info(
+                "released: lease={} identity={} token={} ok={}",
+                self.name,
+                self.identity,
+                ld.token,
+                answer,
+            )
+            self.callbacks.released(ld, answer)
+        return self._handover_done() if in_step else Wait(0.0)
 
     def rotate(self) -> bool:
         """Hand over at the next step, as if ``max_tenure`` had passed; False on a follower."""
@@ -140,24 +287,28 @@ class Election:
         if ld is not None and not ld.lost.is_set() and not ld.valid():
             self._demote(ld, "expired")
 
-    def crashed(self, exc: BaseException) -> float:
+    def crashed(self, exc: BaseException) -> Wait:
         """A step raised (a bug): a leader must not go on unrenewed, so demote; then retry."""
         self.health.failed(exc)
+        if isinstance(self._pending, Contend) and self._gate is not None:
+            self._gate.done(self.name)  # the contend the gate admitted is over
+        self._pending = None
+        self._handover = None  # abandoned: its lease, if any, is left to expire
         ld = self._leadership
         if ld is not None:
             self._demote(ld, "lost")
-        return self._backoff.jittered(self.timings.retry_interval)
+        return self._waiting(self._backoff.jittered(self.timings.retry_interval))
 
     def resign(
         self, cooldown: float, reason: str = "failed", leadership: Leadership | None = None
-    ) -> bool:
+    ) -> Release | None:
         """End the current tenure now because its work failed for good, and sit out
         ``cooldown`` seconds before campaigning again.
 
-        The work has already stopped, so there is no drain (``before_release`` is not called):
-        the tenure is demoted with ``reason`` (``on_lost`` fires, on the caller's thread), then
-        the lease is released (conditional on holder and token, as always) so that another
-        replica takes over at once. Returns ``False`` and changes nothing on a follower, or if
+        The work has already stopped, so there is no drain: the tenure is demoted with
+        ``reason`` (``on_lost`` fires, on the caller's thread) and the :class:`Release` to
+        perform at once is returned (report it with :meth:`released`), so that another replica
+        takes over without waiting for expiry. ``None``, changing nothing, on a follower or if
         ``leadership`` is given and is not the current tenure (a late call about an older one).
         """
         if isinstance(cooldown, bool) or not isinstance(cooldown, (int, float)):
@@ -169,7 +320,7 @@ class Election:
         with self._lock:
             ld = self._leadership
             if ld is None or (leadership is not None and leadership is not ld):
-                return False
+                return None
             self._rotate = False
             # Set before the demotion is visible, so the elector thread cannot contend first.
             self._cooldown_until = max(self._cooldown_until, self._clock.monotonic() + cooldown)
@@ -183,90 +334,77 @@ class Election:
             cooldown,
         )
         self._demote(ld, reason)
-        self._release(ld)
-        return True
+        return Release(ld)
 
-    def finish(self, release: bool) -> None:
-        """The end of the campaign: hand over a valid tenure (releasing it if ``release``)."""
+    def finish(self, release: bool) -> Action:
+        """The end of the campaign: hand over a valid tenure (releasing it if ``release``), or
+        end one past its deadline; the first action of that, or ``Wait(0)`` on a follower."""
         ld = self._leadership
         if ld is None:
-            return
+            return Wait(0.0)
         if ld.valid():
-            self._handover(ld, "stopped", release=release)
-            return
+            return self._hand_out(self._hand_over(ld, "stopped", release=release, cooldown=False))
         self._demote(ld, "expired")
-        if release:  # the store may keep it a little longer than our deadline: give it back
-            self._release(ld)
+        # The store may keep it a little longer than our deadline: give it back.
+        return self._hand_out(Release(ld)) if release else Wait(0.0)
 
     # -- states -------------------------------------------------------------------------------
-    def _contend(self) -> float:
+    def _follow(self) -> Action:
         now = self._clock.monotonic()
         if now < self._cooldown_until:
-            return self._cooldown_until - now
+            return self._waiting(self._cooldown_until - now)
         if self._gate is not None:  # a balancer may ask us to leave this lease to others
             wait = self._gate.gate(self.name)
             if wait > 0:
-                return wait
-        try:
-            return self._attempt()
-        finally:
-            if self._gate is not None:  # after _elected: a won lease already counts as held
-                self._gate.done(self.name)
+                return self._waiting(wait)
+        return Contend(self.name, self._holder, self.timings.ttl)
 
-    def _attempt(self) -> float:
-        # Read before the round trip: a release applied after the server refused us is
-        # observed after this read, so the wait that follows returns even if it came first.
-        mark = self.backend.release_mark(self.name)
-        sent = self._clock.monotonic()
-        try:
-            result = self.backend.contend(self.name, self._holder, self.timings.ttl)
-        except SingletonError as exc:
+    def _after_contend(self, result: Contended) -> Wait:
+        if result.error is not None:
             self.stats.contend_failures += 1
             delay = self._backoff.next()
-            transient = self.health.failed(exc)
+            transient = self.health.failed(result.error)
             (logger.warning if transient else logger.error)(
                 "contend failed{} (attempt {}), retrying in {:.2f}s: lease={} backend={}: {}",
                 "" if transient else " and retrying will not help: fix the credentials or config",
                 self._backoff.attempts,
                 delay,
                 self.name,
-                self.backend.describe(),
+                self.store,
                 self.health.last_error,
             )
-            return delay
+            return self._waiting(delay)
         self._backoff.reset()
         self.health.answered()
-        if isinstance(result, Lease):
-            self._elected(result, sent)
-            return 0.0
-        self._observe(result.holder if isinstance(result, LeaseState) else None)
-        if result is None:  # held a moment ago, free now: try again at once
-            return 0.0
-        self.release_mark = mark
-        return self._backoff.jittered(self.timings.retry_interval)
+        if result.granted is not None:
+            self._elected(result.granted, result.sent_at)
+            return Wait(0.0)
+        held = result.held_by
+        self._observe(None if held is None else held.holder)
+        if held is None:  # held a moment ago, free now: try again at once
+            return Wait(0.0)
+        return self._waiting(
+            self._backoff.jittered(self.timings.retry_interval), since=result.release_mark
+        )
 
-    def _lead(self, ld: Leadership) -> float:
+    def _lead(self, ld: Leadership) -> Action:
         now = self._clock.monotonic()
         if self._rotate or (self._tenure_end is not None and now >= self._tenure_end):
             self._rotate = False
-            self._handover(ld, "released")
-            self._cooldown_until = self._clock.monotonic() + self.timings.cooldown
-            return 0.0
+            return self._hand_over(ld, "released", release=True, cooldown=True)
         due = min(self._next_renew, self._tenure_end or self._next_renew)
         if now < due:
-            return due - now
-        self._renew(ld)
-        return 0.0
+            return self._waiting(due - now)
+        return Renew(ld, self.timings.ttl)
 
-    def _renew(self, ld: Leadership) -> None:
+    def _apply_renewal(
+        self, ld: Leadership, answer: Lease | SingletonError | None, sent: float
+    ) -> None:
         t = self.timings
-        sent = self._clock.monotonic()
-        try:
-            renewed = self.backend.renew(ld.lease, t.ttl)
-        except SingletonError as exc:
+        if isinstance(answer, SingletonError):
             self.stats.renew_failures += 1
             retry = min(t.renew_interval, t.retry_interval) / 2
-            log = logger.warning if self.health.failed(exc) else logger.error
+            log = logger.warning if self.health.failed(answer) else logger.error
             log(
                 "renew failed, retrying in {:.2f}s: lease={} token={} valid_for={:.2f}s"
                 " backend={}: {}",
@@ -274,20 +412,20 @@ class Election:
                 self.name,
                 ld.token,
                 ld.remaining(),
-                self.backend.describe(),
+                self.store,
                 self.health.last_error,
             )
             self._next_renew = self._clock.monotonic() + retry
             return
         self.health.answered()
         self.stats.renewed(self._clock.monotonic() - sent)
-        if renewed is None:
+        if answer is None:
             self._demote(ld, "lost")
             return
         with self._lock:
             confirmed = self._leadership is ld and not ld.lost.is_set()
             if confirmed:
-                ld._confirm(renewed, sent + t.renew_deadline)
+                ld._confirm(answer, sent + t.renew_deadline)
         if confirmed:
             self._changed()
         logger.debug("renewed: lease={} token={}", self.name, ld.token)
@@ -309,10 +447,12 @@ class Election:
         self.stats.elections += 1
         logger.info("elected: lease={} identity={} token={}", self.name, self.identity, lease.token)
         self._observe(lease.holder)
-        self._callbacks.elected(ld)
+        self.callbacks.elected(ld)
 
-    def _handover(self, ld: Leadership, reason: str, release: bool = True) -> None:
-        """Planned end of a tenure: drain while still valid, stop acting, then release.
+    # -- a planned handover: drain while still valid, stop acting, then release ---------------
+    def _hand_over(self, ld: Leadership, reason: str, *, release: bool, cooldown: bool) -> Action:
+        """Start a planned end of ``ld``: a renewal for a fresh deadline if anyone drains, then
+        the drain, the demotion, the release.
 
         The drain is bounded (``release_timeout``) and the lease is released whether or not it
         finished: a planned handover never leaves its lease to expire (only ``release=False``
@@ -320,50 +460,40 @@ class Election:
         ``check()``, its checkpoint writes are refused once the successor claims, and the
         successor replays what was not acknowledged (the sink's versions make that harmless).
         """
-        if self._callbacks.drains and ld.valid():
-            self._renew(ld)  # a fresh deadline for the drain
-            if ld.valid():
-                self._drain(ld)
-        self._demote(ld, reason)
-        if release:
-            self._release(ld)
+        self._handover = _Handover(ld, reason, release, cooldown)
+        if self.callbacks.drains and ld.valid():
+            return Renew(ld, self.timings.ttl)
+        return self._end_handover()
 
-    def _release(self, ld: Leadership) -> None:
-        """Release an ended tenure's lease; a failure only means it will expire instead."""
-        try:
-            released = self.backend.release(ld.lease)
-        except SingletonError as exc:
-            log = logger.warning if self.health.failed(exc) else logger.error
-            log(
-                "release failed (lease will expire): lease={} backend={}: {}",
-                self.name,
-                self.backend.describe(),
-                self.health.last_error,
-            )
-            self._callbacks.released(ld, False)
-            return
-        self.health.answered()
-        logger.info(
-            "released: lease={} identity={} token={} ok={}",
-            self.name,
-            self.identity,
-            ld.token,
-            released,
-        )
-        self._callbacks.released(ld, released)
+    def _end_handover(self) -> Action:
+        handover = self._handover
+        if handover is None:
+            return Wait(0.0)
+        self._demote(handover.leadership, handover.reason)
+        if handover.release:
+            return Release(handover.leadership)
+        return self._handover_done()
 
-    def _drain(self, ld: Leadership) -> bool:
-        timeout = self.timings.release_timeout
-        if not self._run_bounded(lambda: self._callbacks.before_release(ld), timeout):
-            logger.warning(
-                "before_release did not finish within {}s, releasing anyway (the successor"
-                " replays what was not acknowledged): lease={} token={}",
-                timeout,
-                self.name,
-                ld.token,
-            )
+    def _handover_done(self) -> Wait:
+        handover, self._handover = self._handover, None
+        if handover is not None and handover.cooldown:
+            self._cooldown_until = self._clock.monotonic() + self.timings.cooldown
+        return Wait(0.0)
+
+    # -- bookkeeping --------------------------------------------------------------------------
+    def _hand_out(self, action: Action) -> Action:
+        self._pending = None if isinstance(action, Wait) else action
+        return action
+
+    def _settle(self, action: Action) -> bool:
+        """Whether ``action`` is the step's own (else it was performed outside the step)."""
+        if action is not self._pending:
             return False
-        return ld.valid()
+        self._pending = None
+        return True
+
+    def _waiting(self, seconds: float, since: int | None = None) -> Wait:
+        return Wait(seconds, for_release=self.idle(), since=since)
 
     def _demote(self, ld: Leadership, reason: str) -> None:
         with self._lock:
@@ -384,7 +514,7 @@ class Election:
             self.identity,
             ld.token,
         )
-        self._callbacks.lost(ld, reason)
+        self.callbacks.lost(ld, reason)
 
     def _observe(self, holder: str | None) -> None:
         identity = None if holder is None else identity_of(holder)
@@ -393,7 +523,7 @@ class Election:
                 return
             self._observed = identity
         logger.info("leader is now {}: lease={}", identity, self.name)
-        self._callbacks.new_leader(identity)
+        self.callbacks.new_leader(identity)
 
     def _new_holder(self) -> str:
         return f"{self.identity}{HOLDER_SEPARATOR}{secrets.token_hex(8)}"

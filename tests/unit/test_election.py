@@ -6,19 +6,15 @@ Every lease boundary here is exact: nothing depends on real time passing.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from singleton import ConfigurationError, Elector, Leadership, LeaseLostError
-from singleton.election.callbacks import Callbacks
-from singleton.election.elector import MAX_RETRY_BACKOFF, BeforeRelease
-from singleton.election.machine import Election
+from singleton.election.elector import BeforeRelease
+from singleton.election.settings import MAX_RETRY_BACKOFF
 from singleton.errors import PermissionDeniedError
 from singleton.lease.contract import Lease
-from singleton.lease.timings import LeaseTimings
-from singleton.retry import Backoff
 from singleton.testing import FakeClock
 from tests.unit.election_support import (
     FlakyBackend,
@@ -381,35 +377,3 @@ def test_stop(backend: FlakyBackend, clock: FakeClock, release: bool) -> None:
     assert rec.events[-1] == ("lost", "a", token, "stopped")
     assert not e.is_leader
     assert (backend.inspect("job") is None) == release
-
-
-def test_the_election_runs_without_a_driver(backend: FlakyBackend, clock: FakeClock) -> None:
-    """The state machine alone, as another driver (asyncio) would use it: it starts no thread."""
-    changes: list[str | None] = []
-
-    def run_inline(work: Callable[[], None], timeout: float) -> bool:
-        work()
-        return True
-
-    callbacks = Callbacks("job")
-    callbacks.add(before_release=lambda ld: changes.append("drained"))
-    election = Election(
-        backend,
-        "job",
-        "a",
-        LeaseTimings.of(9.0, retry_interval=1.0),
-        clock=clock,
-        backoff=Backoff(1.0, 30.0, jitter=0.0),
-        callbacks=callbacks,
-        run_bounded=run_inline,
-        changed=lambda: changes.append(None),
-    )
-    threads = threading.active_count()
-    assert election.tick() == 0.0
-    assert election.leadership is not None
-    assert election.tick() == pytest.approx(3.0)
-    assert election.rotate()
-    assert election.tick() == 0.0
-    assert election.leadership is None and backend.inspect("job") is None
-    assert changes == [None, None, "drained", None]  # elected, renewed for the drain, ended
-    assert threading.active_count() == threads

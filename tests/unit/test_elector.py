@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from singleton import ConfigurationError, Elector, Leadership
-from singleton.lease.contract import Lease, LeaseState, takes_since
+from singleton.lease.contract import Lease, LeaseState
 from singleton.testing import MemoryLeaseBackend
 from tests.unit.election_support import assert_leads
 
@@ -51,6 +51,19 @@ def test_invalid_timings_name_the_values(kw: dict[str, float], named: str) -> No
 def test_invalid_arguments(kw: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigurationError, match=named):
         Elector(MemoryLeaseBackend(), kw.pop("name", "job"), **kw)
+
+
+def test_an_unknown_option_is_a_type_error_naming_the_near_miss() -> None:
+    with pytest.raises(TypeError, match=r"'renew_dedline' .*did you mean 'renew_deadline'"):
+        Elector(MemoryLeaseBackend(), "job", renew_dedline=5)  # type: ignore[call-arg]
+
+
+def test_the_options_are_one_validated_settings_value() -> None:
+    e = Elector(MemoryLeaseBackend(), "job", identity="web", ttl=9, max_tenure=30, seed=3)
+    assert (e.settings.identity, e.settings.seed, e.settings.fenced) == ("web", 3, True)
+    assert e.settings.timings == e.timings and e.timings.max_tenure == 30.0
+    unsafe = Elector(MemoryLeaseBackend(), "job", unsafe_disable_fencing=True)
+    assert unsafe.settings.fenced is False
 
 
 def test_default_timings() -> None:
@@ -198,35 +211,5 @@ def test_a_release_between_a_failed_contend_and_the_wait_is_not_missed() -> None
         assert elected.wait(10), "the candidate missed the release and waited its retry"
         assert b.released.is_set()
         assert assert_leads(e).token > b.held.token
-    finally:
-        e.stop()
-
-
-def test_a_backend_whose_wait_takes_no_since_still_works() -> None:
-    """A backend written before release marks: called without ``since``, woken as before."""
-    waits: list[float] = []
-
-    class Legacy(MemoryLeaseBackend):
-        def wait_for_release(  # type: ignore[override]
-            self, name: str, timeout: float, wake: threading.Event | None = None
-        ) -> bool:
-            waits.append(timeout)
-            return super().wait_for_release(name, timeout, wake)
-
-    b = Legacy()
-    assert not takes_since(b) and takes_since(MemoryLeaseBackend())
-    held = b.try_acquire("job", "holder/1", 60)
-    assert held is not None
-    elected = threading.Event()
-    e = Elector(b, "job", identity="b", ttl=60.0, retry_interval=30.0, jitter=0.0)
-    e.subscribe(on_elected=lambda _ld: elected.set())
-    e.start()
-    try:
-        deadline = time.monotonic() + 10  # until it waits: a legacy wait sees only later releases
-        while not b.has_waiters("job") and time.monotonic() < deadline:
-            threading.Event().wait(0.005)
-        assert b.release(held)
-        assert elected.wait(10), "the legacy wait was not woken by the release"
-        assert waits and e.last_error is None
     finally:
         e.stop()
