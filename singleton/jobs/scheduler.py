@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -48,10 +48,32 @@ from singleton.lease.contract import LeaseBackend
 from singleton.lease.timings import LeaseTimings
 from singleton.retry import Backoff
 
-__all__ = ["JobContext", "JobStatus", "LeaderScheduler"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+
+__all__ = ["JobContext", "JobStatus", "LeaderScheduler", "SchedulerOptions"]
 
 #: Claims kept per job: enough to audit recent runs, bounded whatever the job's frequency.
 KEEP_CLAIMS = 100
+
+
+class SchedulerOptions(TypedDict, total=False):
+    """The keyword options of ``LeaderScheduler(backend, **options)``; every one is optional.
+
+    ``ttl`` (default 15 s) gives every job's lease the default timings, ``timings`` sets them whole
+    (and wins); ``clock`` defaults to the system's; ``workers`` (10) bounds the jobs running at
+    once; ``keep`` (:data:`KEEP_CLAIMS`) the claims kept per job; ``max_failure_cooldown`` (300 s)
+    caps the cooldown after ``max_failures``; ``gate`` is the balancer asked before contending.
+    """
+
+    identity: str | None
+    ttl: float
+    timings: LeaseTimings | None
+    clock: Clock | None
+    workers: int
+    keep: int
+    max_failure_cooldown: float
+    gate: Gate | None
 
 
 class LeaderScheduler:
@@ -64,30 +86,22 @@ class LeaderScheduler:
     ``max(ttl, 1 s)`` to ``max_failure_cooldown``); 0 never does.
     """
 
-    def __init__(
-        self,
-        backend: LeaseBackend,
-        *,
-        identity: str | None = None,
-        ttl: float = 15.0,
-        timings: LeaseTimings | None = None,
-        clock: Clock | None = None,
-        workers: int = 10,
-        keep: int = KEEP_CLAIMS,
-        max_failure_cooldown: float = 300.0,
-        gate: Gate | None = None,
-    ) -> None:
+    def __init__(self, backend: LeaseBackend, **options: Unpack[SchedulerOptions]) -> None:
+        unknown = sorted(set(options) - SchedulerOptions.__optional_keys__)
+        if unknown:
+            raise TypeError(f"LeaderScheduler() got unexpected keyword argument(s) {unknown}")
         self.backend = backend
-        self._gate = gate
-        self.identity = identity or default_identity()
-        self.timings = timings or LeaseTimings.of(ttl)
-        self.keep = keep
-        self._clock = clock or SYSTEM_CLOCK
-        self._max_cooldown = max_failure_cooldown
+        self._gate = options.get("gate")
+        self.identity = options.get("identity") or default_identity()
+        self.timings = options.get("timings") or LeaseTimings.of(options.get("ttl", 15.0))
+        self.keep = options.get("keep", KEEP_CLAIMS)
+        self._clock = options.get("clock") or SYSTEM_CLOCK
+        self._max_cooldown = options.get("max_failure_cooldown", 300.0)
+        workers = options.get("workers", 10)
         self._jobs: dict[str, JobState] = {}
         self._stopping = threading.Event()
         self._started = False
-        self._runner = FireRunner(backend, self._clock, keep, self._stopping)
+        self._runner = FireRunner(backend, self._clock, self.keep, self._stopping)
         self.scheduler = BackgroundScheduler(
             timezone=timezone.utc,
             executors={"default": ClaimingExecutor(self._execute, workers)},
