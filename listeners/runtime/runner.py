@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from loguru import logger
 
@@ -52,6 +53,7 @@ from singleton.retry import Backoff
 
 if TYPE_CHECKING:
     from pymongo import MongoClient
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
     from singleton.election.elector import Elector
     from singleton.election.leadership import Leadership
@@ -74,6 +76,67 @@ class _Tenure:
         self.wake = threading.Event()  # a drain or a loss: cut any wait short
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
+
+
+class RunnerOptions(TypedDict, total=False):
+    """The keyword options of ``ListenerRunner(listener, elector, client_or_url, **options)``;
+    every one is optional, their meaning and defaults are :class:`RunnerSettings`'."""
+
+    checkpoints: CheckpointStore | None
+    dead_letters: DeadLetterStore | None
+    clock: Clock | None
+    max_await_time: float
+    checkpoint_interval: float
+    idle_checkpoint_interval: float
+    reconnect_backoff: float
+    max_reconnect_backoff: float
+    standby_interval: float | None
+    oplog_headroom_warning: float
+    failure_budget: float
+    max_failure_cooldown: float
+    seed: int | None
+    audit: AuditLog | None
+    drain_timeout: float
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """A runner's options with their defaults (see :class:`ListenerRunner`), checked once."""
+
+    checkpoints: CheckpointStore | None = None
+    dead_letters: DeadLetterStore | None = None
+    clock: Clock | None = None
+    max_await_time: float = 0.1  # also bounds how long a drain waits on an idle stream
+    checkpoint_interval: float = 1.0
+    idle_checkpoint_interval: float = 5.0
+    reconnect_backoff: float = 0.1
+    max_reconnect_backoff: float = 5.0
+    standby_interval: float | None = 30.0
+    oplog_headroom_warning: float = 0.1
+    failure_budget: float = 60.0
+    max_failure_cooldown: float = 300.0
+    seed: int | None = None
+    audit: AuditLog | None = None
+    drain_timeout: float = DRAIN_TIMEOUT
+
+    def validate(self, elector: Elector) -> None:
+        if not 0 < self.max_await_time <= elector.renew_deadline / 4:
+            raise ConfigurationError(
+                f"max_await_time must be > 0 and <= renew_deadline / 4 so that a lost lease is "
+                f"noticed in time, got max_await_time={self.max_await_time!r}, "
+                f"renew_deadline={elector.renew_deadline!r}"
+            )
+        backoffs = (self.reconnect_backoff, self.max_reconnect_backoff)
+        if self.idle_checkpoint_interval <= 0 or not 0 < backoffs[0] <= backoffs[1]:
+            raise ConfigurationError(
+                "need idle_checkpoint_interval > 0 and 0 < reconnect_backoff <= "
+                f"max_reconnect_backoff, got {self.idle_checkpoint_interval!r}, "
+                f"{self.reconnect_backoff!r}, {self.max_reconnect_backoff!r}"
+            )
+        if not self.failure_budget > 0:
+            raise ConfigurationError(
+                f"failure_budget must be > 0 seconds, got {self.failure_budget!r}"
+            )
 
 
 class ListenerRunner:
@@ -104,60 +167,39 @@ class ListenerRunner:
         listener: ChangeStreamListener,
         elector: Elector,
         client_or_url: MongoClient[dict[str, Any]] | str,
-        *,
-        checkpoints: CheckpointStore | None = None,
-        dead_letters: DeadLetterStore | None = None,
-        clock: Clock | None = None,
-        max_await_time: float = 0.1,  # also bounds how long a drain waits on an idle stream
-        checkpoint_interval: float = 1.0,
-        idle_checkpoint_interval: float = 5.0,
-        reconnect_backoff: float = 0.1,
-        max_reconnect_backoff: float = 5.0,
-        standby_interval: float | None = 30.0,
-        oplog_headroom_warning: float = 0.1,
-        failure_budget: float = 60.0,
-        max_failure_cooldown: float = 300.0,
-        seed: int | None = None,
-        audit: AuditLog | None = None,
-        drain_timeout: float = DRAIN_TIMEOUT,
+        **options: Unpack[RunnerOptions],
     ) -> None:
-        _validate(
-            elector,
-            max_await_time,
-            idle_checkpoint_interval,
-            reconnect_backoff,
-            max_reconnect_backoff,
-            failure_budget,
-        )
+        o = RunnerSettings(**options)
+        o.validate(elector)
         self.listener, self.elector, self.name = listener, elector, listener.lease_name
         self._client, self._owns_client = mongo.client(client_or_url, mongo.Timeouts.STORE)
-        self.checkpoints = checkpoints or MongoCheckpointStore(self._client)
-        self.dead_letters = dead_letters or DeadLetterStore(self._client)
-        clock = clock or SYSTEM_CLOCK
-        self.failure_budget = failure_budget
-        self.drain_timeout = min(drain_timeout, elector.release_timeout)
+        self.checkpoints = o.checkpoints or MongoCheckpointStore(self._client)
+        self.dead_letters = o.dead_letters or DeadLetterStore(self._client)
+        clock = o.clock or SYSTEM_CLOCK
+        self.failure_budget = o.failure_budget
+        self.drain_timeout = min(o.drain_timeout, elector.release_timeout)
         self.last_seen = LastSeen()
-        rng = random.Random(seed)
+        rng = random.Random(o.seed)
         base = max(elector.ttl, 1.0)
-        self._cooldowns = Backoff(base, max(base, max_failure_cooldown), jitter=0.2, rng=rng)
+        self._cooldowns = Backoff(base, max(base, o.max_failure_cooldown), jitter=0.2, rng=rng)
         self._refusals = 0  # consecutive tenures whose checkpoint claim or save was refused
         #: What every tenure of this runner shares (read-only).
         self.settings = TenureSettings(
             listener=listener,
             client=self._client,
             checkpoints=CheckpointSettings(
-                self.checkpoints, checkpoint_interval, idle_checkpoint_interval, self.last_seen
+                self.checkpoints, o.checkpoint_interval, o.idle_checkpoint_interval, self.last_seen
             ),
             dead_letters=self.dead_letters,
             clock=clock,
-            max_await_time=max_await_time,
+            max_await_time=o.max_await_time,
             op_timeout=elector.renew_deadline / 2,
             open_timeout=max(elector.renew_deadline / 2, OPEN_TIMEOUT),
-            reconnect_backoff=reconnect_backoff,
-            max_reconnect_backoff=max_reconnect_backoff,
+            reconnect_backoff=o.reconnect_backoff,
+            max_reconnect_backoff=o.max_reconnect_backoff,
             rng=rng,
-            audit=audit,
-            failure_budget=failure_budget,
+            audit=o.audit,
+            failure_budget=o.failure_budget,
             lease_store=elector.backend,
         )
         self._lock = threading.Lock()
@@ -168,8 +210,8 @@ class ListenerRunner:
             self._client,
             self.checkpoints,
             listener,
-            interval=standby_interval,
-            headroom_warning=oplog_headroom_warning,
+            interval=o.standby_interval,
+            headroom_warning=o.oplog_headroom_warning,
             is_leading=lambda: self.elector.is_leader,
             stopping=self._stopping,
             clock=clock,
@@ -340,27 +382,3 @@ class ListenerRunner:
         ``ld`` makes a late call harmless: a newer tenure is not this worker's to end."""
         if not self._stopping.is_set():
             self.elector.resign(cooldown, reason, leadership=ld)
-
-
-def _validate(
-    elector: Elector,
-    max_await_time: float,
-    idle_checkpoint_interval: float,
-    reconnect_backoff: float,
-    max_reconnect_backoff: float,
-    failure_budget: float,
-) -> None:
-    if not 0 < max_await_time <= elector.renew_deadline / 4:
-        raise ConfigurationError(
-            f"max_await_time must be > 0 and <= renew_deadline / 4 so that a lost lease is "
-            f"noticed in time, got max_await_time={max_await_time!r}, "
-            f"renew_deadline={elector.renew_deadline!r}"
-        )
-    if idle_checkpoint_interval <= 0 or not 0 < reconnect_backoff <= max_reconnect_backoff:
-        raise ConfigurationError(
-            "need idle_checkpoint_interval > 0 and 0 < reconnect_backoff <= "
-            f"max_reconnect_backoff, got {idle_checkpoint_interval!r}, "
-            f"{reconnect_backoff!r}, {max_reconnect_backoff!r}"
-        )
-    if not failure_budget > 0:
-        raise ConfigurationError(f"failure_budget must be > 0 seconds, got {failure_budget!r}")
