@@ -24,6 +24,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ import pymongo
 from bench._support import paced_writer, pct, start_servers, three_replicas
 from singleton.errors import SingletonError
 from singleton.lease.redis import RedisLeaseBackend
+from singleton.service.dev.cluster import ReplicaProcess
 from singleton.service.dev.embedded import wait_until
 
 LEASE = "bench-handover"
@@ -82,6 +84,37 @@ def _released(log: Path, token: int) -> bool:
     return bool(pattern.search(log.read_text(errors="replace")))
 
 
+def _hand_over(
+    kind: str, procs: dict[str, ReplicaProcess], holder: Callable[[], tuple[str, int] | None]
+) -> tuple[float, bool]:
+    """Signal the leader (``kind``); return the seconds until another tenure holds the lease,
+    and whether the old one was released rather than left to expire."""
+    wait_until(lambda: holder() is not None, 30, what="a leader")
+    held = holder()
+    assert held is not None
+    old, token = held
+    victim = procs[old]
+    sent = time.monotonic()
+    victim.signal(KINDS[kind])
+
+    def moved() -> bool:  # another tenure (maybe the same replica's)
+        now = holder()
+        return now is not None and now[1] != token
+
+    wait_until(moved, 30, interval=0.002, what="successor")
+    gap = time.monotonic() - sent
+    if kind == "sigterm":
+        victim.wait(20)
+    released = True
+    try:  # logged before the process exits, or right after the rotation
+        wait_until(partial(_released, victim.log_path, token), 2.0, what="release")
+    except SingletonError:
+        released = False
+    if kind == "sigterm":
+        victim.start()
+    return gap, released
+
+
 def main() -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bench-handover-"))
     servers = start_servers(root)
@@ -123,28 +156,10 @@ def main() -> dict[str, Any]:
         stop.wait(5.0)  # steady state under load
         for round_ in range(ROUNDS * len(KINDS)):
             kind = list(KINDS)[round_ % len(KINDS)]
-            wait_until(lambda: holder() is not None, 30, what="a leader")
-            held = holder()
-            assert held is not None
-            old, token = held
-            victim = procs[old]
-            sent = time.monotonic()
-            victim.signal(KINDS[kind])
-
-            def moved(previous: int = token) -> bool:  # another tenure (maybe the same replica's)
-                now = holder()
-                return now is not None and now[1] != previous
-
-            wait_until(moved, 30, interval=0.002, what="successor")
-            gaps[kind].append(time.monotonic() - sent)
-            if kind == "sigterm":
-                victim.wait(20)
-            try:  # logged before the process exits, or right after the rotation
-                wait_until(partial(_released, victim.log_path, token), 2.0, what="release")
-            except SingletonError:
+            gap, released = _hand_over(kind, procs, holder)
+            gaps[kind].append(gap)
+            if not released:
                 expired[kind] += 1
-            if kind == "sigterm":
-                victim.start()
             stop.wait(1.5)  # the restarted or rotated replica becomes a follower again
         rate = written[0] / (time.monotonic() - started)
         stop.set()

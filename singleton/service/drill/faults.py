@@ -18,6 +18,7 @@ from typing import Any
 from loguru import logger
 
 from singleton.errors import ConfigurationError
+from singleton.service.dev.cluster import ReplicaProcess
 from singleton.service.drill.cluster import DrillCluster
 
 #: kind -> share of the default mix (``make drill``: 100 rounds -> 30 stops)
@@ -165,8 +166,7 @@ class Injector:
         self._stop.wait(seconds)
 
     def inject(self, fault: PlannedFault) -> FaultRecord:
-        c = self.cluster
-        victim, token = c.leader()
+        victim, token = self.cluster.leader()
         rec = FaultRecord(
             fault.index,
             fault.kind,
@@ -175,14 +175,23 @@ class Injector:
             victim.identity if victim else None,
             token,
         )
-        kind = fault.kind
         logger.info(
             "fault {}: {} on {} (token {})", fault.index, fault.describe(), rec.victim, token
         )
-        if kind in VICTIM_KINDS and victim is None:
-            rec.note = "no leader to hit"
-        elif kind in ("kill", "term"):  # a crash, or a planned exit (drain, release); restart
-            assert victim is not None
+        if fault.kind in VICTIM_KINDS:
+            if victim is None:
+                rec.note = "no leader to hit"
+            else:
+                self._hit_leader(victim, fault, rec)
+        else:
+            self._hit_stores(fault, rec)
+        rec.end = time.monotonic()
+        return rec
+
+    def _hit_leader(self, victim: ReplicaProcess, fault: PlannedFault, rec: FaultRecord) -> None:
+        c = self.cluster
+        kind = fault.kind
+        if kind in ("kill", "term"):  # a crash, or a planned exit (drain, release); restart
             victim.signal(signal.SIGKILL if kind == "kill" else signal.SIGTERM)
             code = victim.wait(20)
             rec.note = f"exit {code}"
@@ -191,31 +200,30 @@ class Injector:
                 victim.wait(5)
             victim.restart()
         elif kind == "stop":
-            assert victim is not None
             victim.signal(signal.SIGSTOP)
             self._wait(fault.param)
             victim.signal(signal.SIGCONT)
         elif kind == "rotate":
-            assert victim is not None
             victim.signal(signal.SIGUSR1)
         elif kind == "net-cut":
-            assert victim is not None
             proxy = c.proxies[victim.identity]
             proxy.blackhole()
             self._wait(fault.param)
             proxy.restore()
         elif kind == "clock-jump":
-            assert victim is not None
             clock = c.clock_files[victim.identity]
             clock.write_text(f"{fault.param:+.0f}\n")
             rec.note = f"wall clock {fault.param:+.0f}s"
         elif kind == "listener-error":
-            assert victim is not None
-            proxy = c.es_proxies[victim.identity]
-            proxy.refuse(FORBIDDEN)
+            es_proxy = c.es_proxies[victim.identity]
+            es_proxy.refuse(FORBIDDEN)
             self._wait(fault.param)
-            proxy.restore()
-        elif kind == "lease-wipe":
+            es_proxy.restore()
+
+    def _hit_stores(self, fault: PlannedFault, rec: FaultRecord) -> None:
+        c = self.cluster
+        kind = fault.kind
+        if kind == "lease-wipe":
             c.wipe_leases()
         elif kind == "checkpoint-loss":
             rec.note = self._lose_checkpoint(all_stopped=bool(fault.param))
@@ -237,8 +245,6 @@ class Injector:
                 c.redis.pause()
                 self._wait(fault.param)
                 c.redis.resume()
-        rec.end = time.monotonic()
-        return rec
 
     def _lose_checkpoint(self, *, all_stopped: bool) -> str:
         c = self.cluster

@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 MIN_WIDTH, PX_PER_SECOND, LEFT, RIGHT, TOP = 1240, 7, 120, 30, 62
@@ -90,13 +91,25 @@ def _tenures(h: dict[str, Any], end: float) -> list[tuple[str, int, float, float
     return out
 
 
-def _svg(h: dict[str, Any]) -> str:
-    t0, end = h["t0"], h["end"]
-    sc = _Scale(t0, end)
-    idents: Sequence[str] = h["identities"]
-    rows = {ident: TOP + i * (ROW + ROW_GAP) for i, ident in enumerate(idents)}
-    rate_top = TOP + len(idents) * (ROW + ROW_GAP) + 20
-    height = rate_top + RATE_H + 40
+@dataclass(frozen=True)
+class _Layout:
+    """Where things go: the time scale, the top of each replica's row, the rate panel."""
+
+    sc: _Scale
+    rows: dict[str, int]
+    rate_top: int
+    height: int
+
+    @classmethod
+    def of(cls, h: dict[str, Any]) -> _Layout:
+        idents: Sequence[str] = h["identities"]
+        rows = {ident: TOP + i * (ROW + ROW_GAP) for i, ident in enumerate(idents)}
+        rate_top = TOP + len(idents) * (ROW + ROW_GAP) + 20
+        return cls(_Scale(h["t0"], h["end"]), rows, rate_top, rate_top + RATE_H + 40)
+
+
+def _token_colours(h: dict[str, Any]) -> dict[int, int]:
+    """Fencing token -> colour index, in order of first appearance (samples, then the audit)."""
     tokens: dict[int, int] = {}
     for _, _, token in h["leases"]:
         if token is not None and token not in tokens:
@@ -104,64 +117,86 @@ def _svg(h: dict[str, Any]) -> str:
     for r in h["audit"]:
         if r.get("kind") == "elected" and r["token"] not in tokens:
             tokens[r["token"]] = len(tokens)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{sc.width}" height="{height}" '
-        f'font-family="sans-serif" font-size="11">',
-        f'<rect width="{sc.width}" height="{height}" fill="#fff"/>',
-    ]
-    # time axis
+    return tokens
+
+
+def _time_axis(lay: _Layout) -> list[str]:
+    sc = lay.sc
+    parts = []
     ticks = max(16, (sc.width - LEFT - RIGHT) // 80)
     step = next(s for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 3600) if sc.span / s <= ticks)
     for k in range(int(sc.span // step) + 1):
-        x = sc.x(t0 + k * step)
+        x = sc.x(sc.t0 + k * step)
         parts.append(
-            f'<line x1="{x:.1f}" y1="{TOP - 8}" x2="{x:.1f}" y2="{rate_top + RATE_H}" '
+            f'<line x1="{x:.1f}" y1="{TOP - 8}" x2="{x:.1f}" y2="{lay.rate_top + RATE_H}" '
             'stroke="#eee"/>'
         )
         parts.append(
-            f'<text x="{x:.1f}" y="{height - 18}" text-anchor="middle" fill="#555">'
+            f'<text x="{x:.1f}" y="{lay.height - 18}" text-anchor="middle" fill="#555">'
             f"{k * step}s</text>"
         )
-    # takeover gaps
+    return parts
+
+
+def _takeover_gaps(h: dict[str, Any], lay: _Layout) -> list[str]:
+    parts = []
     for g in h["gaps"]:
         if g.get("takeover"):
-            x1, x2 = sc.x(g["start"]), sc.x(g["end"])
+            x1, x2 = lay.sc.x(g["start"]), lay.sc.x(g["end"])
             parts.append(
                 f'<rect x="{x1:.1f}" y="{TOP - 8}" width="{max(1.5, x2 - x1):.1f}" '
-                f'height="{rate_top - TOP}" fill="#e53935" fill-opacity="0.18">'
+                f'height="{lay.rate_top - TOP}" fill="#e53935" fill-opacity="0.18">'
                 f"<title>gap {g['gap']:.3f}s after {_esc(g['kind'])}</title></rect>"
             )
-    for ident, y in rows.items():
+    return parts
+
+
+def _row_labels(lay: _Layout) -> list[str]:
+    parts = []
+    for ident, y in lay.rows.items():
         parts.append(
             f'<text x="{LEFT - 10}" y="{y + ROW / 2 + 4}" text-anchor="end" '
             f'font-size="12">{_esc(ident)}</text>'
         )
         parts.append(
-            f'<line x1="{LEFT}" y1="{y + ROW + 2}" x2="{sc.width - RIGHT}" '
+            f'<line x1="{LEFT}" y1="{y + ROW + 2}" x2="{lay.sc.width - RIGHT}" '
             f'y2="{y + ROW + 2}" stroke="#ddd"/>'
         )
-    # fault bands on the victim's row
+    return parts
+
+
+def _fault_bands(h: dict[str, Any], lay: _Layout) -> list[str]:
+    """A tinted band on the victim's row while a pause or a cut lasts."""
+    parts = []
     for f in h["faults"]:
-        if f["victim"] in rows and f["end"] - f["at"] > 0.2:
-            y = rows[f["victim"]]
-            x1, x2 = sc.x(f["at"]), sc.x(f["end"])
+        if f["victim"] in lay.rows and f["end"] - f["at"] > 0.2:
+            y = lay.rows[f["victim"]]
+            x1, x2 = lay.sc.x(f["at"]), lay.sc.x(f["end"])
             parts.append(
                 f'<rect x="{x1:.1f}" y="{y - 3}" width="{x2 - x1:.1f}" '
                 f'height="{ROW + 6}" fill="#ffb300" fill-opacity="0.25"/>'
             )
-    # lease-store bars
-    for holder, token, a, b in _lease_bars(h, end):
+    return parts
+
+
+def _holder_bars(h: dict[str, Any], lay: _Layout, tokens: dict[int, int]) -> list[str]:
+    """The lease store's holder over time; grey across every row while the store did not
+    answer (holder ``"?"``)."""
+    sc = lay.sc
+    t0 = sc.t0
+    parts = []
+    for holder, token, a, b in _lease_bars(h, h["end"]):
         if holder == "?":
-            for y in rows.values():
+            for y in lay.rows.values():
                 parts.append(
                     f'<rect x="{sc.x(a):.1f}" y="{y}" width="{sc.x(b) - sc.x(a):.1f}" '
                     f'height="{ROW - 8}" fill="#bbb" fill-opacity="0.5">'
                     "<title>lease store not answering</title></rect>"
                 )
             continue
-        if holder is None or holder not in rows or token is None:
+        if holder is None or holder not in lay.rows or token is None:
             continue
-        x1, x2, y = sc.x(a), sc.x(b), rows[holder]
+        x1, x2, y = sc.x(a), sc.x(b), lay.rows[holder]
         i = tokens[token]
         parts.append(
             f'<rect x="{x1:.1f}" y="{y}" width="{max(1.0, x2 - x1):.1f}" height="{ROW - 8}" '
@@ -170,53 +205,73 @@ def _svg(h: dict[str, Any]) -> str:
         )
         if x2 - x1 > 26:
             parts.append(f'<text x="{x1 + 3:.1f}" y="{y + ROW - 12}" fill="#fff">#{i}</text>')
-    # tenures as the replicas saw them
-    for ident, token, a, b in _tenures(h, end):
-        if ident in rows:
-            y = rows[ident] + ROW - 4
+    return parts
+
+
+def _tenure_lines(h: dict[str, Any], lay: _Layout, tokens: dict[int, int]) -> list[str]:
+    sc = lay.sc
+    parts = []
+    for ident, token, a, b in _tenures(h, h["end"]):
+        if ident in lay.rows:
+            y = lay.rows[ident] + ROW - 4
             parts.append(
                 f'<rect x="{sc.x(a):.1f}" y="{y}" width="{max(1.0, sc.x(b) - sc.x(a)):.1f}" '
                 f'height="4" fill="{_colour(tokens.get(token, 0))}" fill-opacity="0.6">'
                 f"<title>{_esc(ident)} acts as leader, token {token}</title></rect>"
             )
-    # fault markers
+    return parts
+
+
+def _fault_markers(h: dict[str, Any], lay: _Layout) -> list[str]:
+    parts = []
     level_end = [-1e9] * 4  # greedy: a label goes on the first level where it does not overlap
     for f in h["faults"]:
-        x = sc.x(f["at"])
+        x = lay.sc.x(f["at"])
         label = SHORT.get(f["kind"], f["kind"])
         half = 3.5 * len(label) + 3
         level = next((i for i, e in enumerate(level_end) if e < x - half), len(level_end) - 1)
         level_end[level] = x + half
         parts.append(
-            f'<line x1="{x:.1f}" y1="{TOP - 14}" x2="{x:.1f}" y2="{rate_top - 6}" '
+            f'<line x1="{x:.1f}" y1="{TOP - 14}" x2="{x:.1f}" y2="{lay.rate_top - 6}" '
             'stroke="#333" stroke-dasharray="3,3"/>'
         )
         parts.append(
             f'<text x="{x:.1f}" y="{TOP - 18 - 10 * level}" text-anchor="middle" '
             f'font-size="10" font-weight="bold" fill="#333">{label}<title>{_esc(f["kind"])} on '
-            f"{_esc(f['victim'])} (token {f['token']}) at {f['at'] - t0:.2f}s</title></text>"
+            f"{_esc(f['victim'])} (token {f['token']}) at {f['at'] - lay.sc.t0:.2f}s</title></text>"
         )
-    # write rate
-    seconds = max(1, math.ceil(end - t0))
-    counts = [0] * seconds
+    return parts
+
+
+def _per_second(h: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """Writes, and change events indexed (acknowledged batches), in each second of the run."""
+    t0 = h["t0"]
+    seconds = max(1, math.ceil(h["end"] - t0))
+    writes = [0] * seconds
     for at in h["writes"]:
         k = int(at - t0)
         if 0 <= k < seconds:
-            counts[k] += 1
-    peak = max(counts) or 1
+            writes[k] += 1
     indexed = [0] * seconds
     for r in h["audit"]:
         k = int(r["mono"] - t0)
         if r.get("kind") == "batch" and 0 <= k < seconds:
             indexed[k] += int(r.get("n", 0))
+    return writes, indexed
+
+
+def _rates(h: dict[str, Any], lay: _Layout) -> list[str]:
+    sc = lay.sc
+    t0 = sc.t0
+    rate_top = lay.rate_top
+    counts, indexed = _per_second(h)
+    peak = max(counts) or 1
     top = min(max(peak, *indexed), 3 * peak)  # catch-up bursts are clipped
-    parts.append(
+    parts = [
         f'<text x="{LEFT - 10}" y="{rate_top + RATE_H / 2}" text-anchor="end" '
-        'font-size="12">writes/s</text>'
-    )
-    parts.append(
-        f'<text x="{LEFT - 10}" y="{rate_top + 10}" text-anchor="end" fill="#777">{top}</text>'
-    )
+        'font-size="12">writes/s</text>',
+        f'<text x="{LEFT - 10}" y="{rate_top + 10}" text-anchor="end" fill="#777">{top}</text>',
+    ]
     for k, n in enumerate(counts):
         x1, x2 = sc.x(t0 + k), sc.x(t0 + k + 1)
         bh = RATE_H * n / top
@@ -232,8 +287,74 @@ def _svg(h: dict[str, Any]) -> str:
         f'<polyline points="{points}" fill="none" stroke="#ef6c00" stroke-width="1.5">'
         "<title>change events indexed per second</title></polyline>"
     )
-    parts.append("</svg>")
+    return parts
+
+
+def _svg(h: dict[str, Any]) -> str:
+    """The timeline, drawn back to front."""
+    lay = _Layout.of(h)
+    tokens = _token_colours(h)
+    width = lay.sc.width
+    height = lay.height
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="#fff"/>',
+        *_time_axis(lay),
+        *_takeover_gaps(h, lay),
+        *_row_labels(lay),
+        *_fault_bands(h, lay),
+        *_holder_bars(h, lay, tokens),
+        *_tenure_lines(h, lay, tokens),
+        *_fault_markers(h, lay),
+        *_rates(h, lay),
+        "</svg>",
+    ]
     return "\n".join(parts)
+
+
+def _sec(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
+
+
+def _gap_rows(r: dict[str, Any]) -> str:
+    return "".join(
+        f"<tr><td>{_esc(k)}</td><td>{g['count']}</td><td>{g['takeovers']}</td>"
+        f"<td>{_sec(g['p50'])}</td><td>{_sec(g['p99'])}</td><td>{_sec(g['max'])}</td></tr>"
+        for k, g in r["gaps"].items()
+    )
+
+
+def _balance_rows(bal: dict[str, Any]) -> str:
+    return "".join(
+        f"<tr><td>{b['index'] + 1}</td><td>{_esc(b['kind'])}</td><td>{_sec(b['seconds'])}</td>"
+        f"<td>{'yes' if b['ok'] else '<b>NO</b>'}</td>"
+        f"<td>{_esc(', '.join(f'{k} {n}' for k, n in b['held'].items()))}</td></tr>"
+        for b in bal["by_fault"]
+    )
+
+
+def _listener_rows(r: dict[str, Any]) -> str:
+    return "".join(
+        f"<tr><td>{_esc(li['index'])}</td><td>{_esc(', '.join(li['leases']))}</td>"
+        f"<td>{li['es']}</td><td>{li['missing']}</td><td>{li['stale']}</td>"
+        f"<td>{li['resurrected']}</td><td>{li['extra']}</td></tr>"
+        for li in r.get("by_listener", [])
+    )
+
+
+def _summary(r: dict[str, Any]) -> str:
+    """The paragraph of counts under the verdict."""
+    return f"""<p>{r["faults"]} faults, {r["backend"]} leases, {r["replicas"]} replicas,
+{r.get("listeners", 1)} listener(s) x {r.get("partitions", 1)} partition(s), seed {r["seed"]},
+{r["duration"]:.0f} s, fencing {"on" if r["fencing"] else "<b>OFF</b>"};
+{r["writes"]["ops"]} writes ({r["writes"]["transactions"]} transactions).
+Documents: MongoDB {r["documents"]["mongo"]}, Elasticsearch {r["documents"]["es"]};
+missing {r["missing"]}, stale {r["stale"]}, resurrected {r["resurrected"]}, extra {r["extra"]};
+checkpoint regressions {r["checkpoint_regressions"]}; fencing violations
+{r["fencing_violations"]}; planned handovers left to expire {r.get("planned_expired", 0)}.
+Writer-to-index lag p50 {_sec(r["lag"]["p50"])}, p99 {_sec(r["lag"]["p99"])}; the stand-in's
+raw change stream (pymongo alone) {(r.get("raw_stream") or {}).get("per_s") or "-"} events/s.</p>"""
 
 
 def render(history: dict[str, Any]) -> str:
@@ -241,29 +362,8 @@ def render(history: dict[str, Any]) -> str:
     r = history["result"]
     verdict = "PASS" if r["ok"] else "FAIL"
     colour = "#2e7d32" if r["ok"] else "#c62828"
-
-    def sec(v: float | None) -> str:
-        return "-" if v is None else f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
-
-    gap_rows = "".join(
-        f"<tr><td>{_esc(k)}</td><td>{g['count']}</td><td>{g['takeovers']}</td>"
-        f"<td>{sec(g['p50'])}</td><td>{sec(g['p99'])}</td><td>{sec(g['max'])}</td></tr>"
-        for k, g in r["gaps"].items()
-    )
     failures = "".join(f"<li>{_esc(f)}</li>" for f in r["failures"])
     bal = r.get("balance") or {"by_fault": [], "bound": None}
-    balance_rows = "".join(
-        f"<tr><td>{b['index'] + 1}</td><td>{_esc(b['kind'])}</td><td>{sec(b['seconds'])}</td>"
-        f"<td>{'yes' if b['ok'] else '<b>NO</b>'}</td>"
-        f"<td>{_esc(', '.join(f'{k} {n}' for k, n in b['held'].items()))}</td></tr>"
-        for b in bal["by_fault"]
-    )
-    listener_rows = "".join(
-        f"<tr><td>{_esc(li['index'])}</td><td>{_esc(', '.join(li['leases']))}</td>"
-        f"<td>{li['es']}</td><td>{li['missing']}</td><td>{li['stale']}</td>"
-        f"<td>{li['resurrected']}</td><td>{li['extra']}</td></tr>"
-        for li in r.get("by_listener", [])
-    )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>singleton drill: {verdict}</title>
 <style>
@@ -276,16 +376,7 @@ td:first-child, th:first-child {{ text-align: left; }}
 .sw {{ display: inline-block; width: 14px; height: 10px; margin-right: 4px; }}
 </style></head><body>
 <h1>singleton drill: <span>{verdict}</span></h1>
-<p>{r["faults"]} faults, {r["backend"]} leases, {r["replicas"]} replicas,
-{r.get("listeners", 1)} listener(s) x {r.get("partitions", 1)} partition(s), seed {r["seed"]},
-{r["duration"]:.0f} s, fencing {"on" if r["fencing"] else "<b>OFF</b>"};
-{r["writes"]["ops"]} writes ({r["writes"]["transactions"]} transactions).
-Documents: MongoDB {r["documents"]["mongo"]}, Elasticsearch {r["documents"]["es"]};
-missing {r["missing"]}, stale {r["stale"]}, resurrected {r["resurrected"]}, extra {r["extra"]};
-checkpoint regressions {r["checkpoint_regressions"]}; fencing violations
-{r["fencing_violations"]}; planned handovers left to expire {r.get("planned_expired", 0)}.
-Writer-to-index lag p50 {sec(r["lag"]["p50"])}, p99 {sec(r["lag"]["p99"])}; the stand-in's
-raw change stream (pymongo alone) {(r.get("raw_stream") or {}).get("per_s") or "-"} events/s.</p>
+{_summary(r)}
 <ul style="color:{colour}">{failures}</ul>
 <p class="legend"><span><i class="sw" style="background:{_colour(0)}"></i>lease held
 (colour = fencing token)</span><span><i class="sw" style="background:{_colour(0)};opacity:.6;
@@ -299,15 +390,15 @@ height:2px"></i>events indexed/s</span></p>
 <h2>Listeners (each index against the collection)</h2>
 <table><tr><th>index</th><th>leases</th><th>documents</th><th>missing</th><th>stale</th>
 <th>resurrected</th><th>extra</th></tr>
-{listener_rows}</table>
+{_listener_rows(r)}</table>
 <h2>Balance after each fault</h2>
 <p>Every lease held by a live replica and the leases per live replica within one, from the
-fault's end; bound {sec(bal["bound"])}.</p>
+fault's end; bound {_sec(bal["bound"])}.</p>
 <table><tr><th>fault</th><th>kind</th><th>time to balance</th><th>in bound</th>
 <th>leases held per replica</th></tr>
-{balance_rows}</table>
+{_balance_rows(bal)}</table>
 <h2>Takeover gaps</h2>
 <table><tr><th>fault</th><th>count</th><th>takeovers</th><th>p50</th><th>p99</th><th>max</th></tr>
-{gap_rows}</table>
+{_gap_rows(r)}</table>
 </body></html>
 """

@@ -159,17 +159,10 @@ class Drill:
             self.cluster.stop()  # idempotent; covers a failure while starting
 
     def _run(self) -> dict[str, Any]:
-        from listeners.elasticsearch.verify import compare
-
-        opts, c = self.opts, self.cluster
+        opts = self.opts
+        c = self.cluster
         self._save_schedule()
-        kinds = ", ".join(f"{k}={sum(f.kind == k for f in self.schedule)}" for k in opts.kinds)
-        self.say(
-            f"singleton drill: {opts.replicas} replicas, {opts.backend} leases, {opts.listeners} "
-            f"listener(s) x {opts.partitions} partition(s), {opts.rounds} faults ({kinds}), seed "
-            f"{opts.seed}{', FENCING DISABLED' if opts.unsafe else ''}"
-        )
-        self.say(f"  workdir {self.workdir}")
+        self._announce()
         c.start_servers()
         client, _ = mongo_client(c.mongo_url, timeout=5.0, socket_timeout=30.0)
         coll = client[DATABASE][COLLECTION]
@@ -191,65 +184,18 @@ class Drill:
             coll, rate=opts.rate, seed=opts.seed, client=client, txn_share=opts.txn_share
         )
         writer_thread = threading.Thread(target=writer.run, name="drill-writer", daemon=True)
-        injector = fl.Injector(c, self.stop)
         diffs: list[Any] = []
         raw: dict[str, Any] = {"events": 0, "seconds": None, "per_s": None}
         try:
             self.t0 = time.monotonic()
             writer_thread.start()
-            if not self._await(lambda: self._streaming(tail, 0.0), 90.0):
-                self.stalls.append(f"not every listener streamed within 90 s: {self.lagging}")
-            for fault in self.schedule if not self.stalls else []:
-                if self.stop.is_set():
-                    break
-                self.stop.wait(fault.settle)
-                rec = injector.inject(fault)
-                self.injected.append(rec)
-                limit, acked_after = opts.recover_timeout, rec.end
-                if fault.kind in fl.STORE_LOSS_KINDS:  # the never-stuck promise, measured
-                    limit = min(limit, 3 * opts.timings.ttl + 5.0)
-                if "promoted" in rec.extra:  # sentinel-failover: streaming within 10 s of it
-                    acked_after = rec.extra["promoted"]
-                    limit = max(0.0, acked_after + fl.PROMOTION_BOUND - time.monotonic())
-                ok = self._await(partial(self._streaming, tail, acked_after), limit)
-                after = time.monotonic() - rec.end
-                self.say(
-                    f"  [{self._t(rec.at):6.1f}s] {fault.index + 1:>3}/{len(self.schedule)} "
-                    f"{fault.describe():<22} leader {rec.victim or '-'} (token {rec.token}) "
-                    f"{'streaming again' if ok else 'NOT STREAMING'} {after:.2f}s after the fault"
-                )
-                if not ok:
-                    promoted = "promoted" in rec.extra
-                    within = f", {fl.PROMOTION_BOUND:.0f}s after the promotion" if promoted else ""
-                    self.stalls.append(
-                        f"fault {fault.index} ({fault.describe()}{within}): {self.lagging}"
-                    )
-                    break
-                self._balanced(balance, fault, rec.end)
+            self._inject_schedule(tail, balance)
             self.stop.wait(1.0)
             writer.stop_event.set()
             writer_thread.join(10)
-            last_ct = max((ct for _, ct in writer.log if ct is not None), default=None)
             self.say(f"  writer stopped after {writer.ops} writes; waiting for quiescence")
-
-            def quiet() -> bool:  # every listener indexed a batch at or after the last write
-                tail.poll()
-                if last_ct is None:
-                    return True
-                done = {
-                    r.get("lease")
-                    for r in tail.records[-400:]
-                    if r["kind"] == "batch" and r.get("ct") and tuple(r["ct"]) >= last_ct
-                }
-                return all(done & set(li.leases) for li in c.listeners)
-
-            if not self._await(quiet, opts.quiesce_timeout):
-                self.say("  the index did not catch up with the last write in time")
-            for _ in range(10):
-                diffs = [compare(coll, c.es_url, li.index) for li in c.listeners]
-                if all(d.ok for d in diffs):
-                    break
-                self.stop.wait(0.5)
+            self._quiesce(tail, writer)
+            diffs = self._compare(coll)
             cts = [ct for _, ct in writer.log if ct is not None]
             since = cts[max(0, len(cts) - RAW_RATE_EVENTS)] if cts else None
             raw = raw_stream_rate(coll, since, 2 * RAW_RATE_EVENTS)
@@ -266,6 +212,88 @@ class Drill:
         self.balance_samples = balance.samples
         return self._judge(diffs, writer, sampler, tail, end, raw)
 
+    def _announce(self) -> None:
+        opts = self.opts
+        kinds = ", ".join(f"{k}={sum(f.kind == k for f in self.schedule)}" for k in opts.kinds)
+        self.say(
+            f"singleton drill: {opts.replicas} replicas, {opts.backend} leases, {opts.listeners} "
+            f"listener(s) x {opts.partitions} partition(s), {opts.rounds} faults ({kinds}), seed "
+            f"{opts.seed}{', FENCING DISABLED' if opts.unsafe else ''}"
+        )
+        self.say(f"  workdir {self.workdir}")
+
+    def _inject_schedule(self, tail: AuditTail, balance: BalanceSampler) -> None:
+        """Once every listener streams, each planned fault in turn; stop at the first one after
+        which a listener does not stream again in time."""
+        injector = fl.Injector(self.cluster, self.stop)
+        if not self._await(lambda: self._streaming(tail, 0.0), 90.0):
+            self.stalls.append(f"not every listener streamed within 90 s: {self.lagging}")
+            return
+        for fault in self.schedule:
+            if self.stop.is_set():
+                break
+            self.stop.wait(fault.settle)
+            rec = injector.inject(fault)
+            self.injected.append(rec)
+            if not self._recovered(fault, rec, tail):
+                break
+            self._balanced(balance, fault, rec.end)
+
+    def _recovered(self, fault: fl.PlannedFault, rec: fl.FaultRecord, tail: AuditTail) -> bool:
+        """Wait until every listener streams again after ``fault``; say how long it took, and
+        record a stall if it did not within its limit."""
+        limit = self.opts.recover_timeout
+        acked_after = rec.end
+        if fault.kind in fl.STORE_LOSS_KINDS:  # the never-stuck promise, measured
+            limit = min(limit, 3 * self.opts.timings.ttl + 5.0)
+        promoted = "promoted" in rec.extra
+        if promoted:  # sentinel-failover: streaming within 10 s of it
+            acked_after = rec.extra["promoted"]
+            limit = max(0.0, acked_after + fl.PROMOTION_BOUND - time.monotonic())
+        ok = self._await(partial(self._streaming, tail, acked_after), limit)
+        after = time.monotonic() - rec.end
+        self.say(
+            f"  [{self._t(rec.at):6.1f}s] {fault.index + 1:>3}/{len(self.schedule)} "
+            f"{fault.describe():<22} leader {rec.victim or '-'} (token {rec.token}) "
+            f"{'streaming again' if ok else 'NOT STREAMING'} {after:.2f}s after the fault"
+        )
+        if not ok:
+            within = f", {fl.PROMOTION_BOUND:.0f}s after the promotion" if promoted else ""
+            self.stalls.append(f"fault {fault.index} ({fault.describe()}{within}): {self.lagging}")
+        return ok
+
+    def _quiesce(self, tail: AuditTail, writer: Writer) -> None:
+        """Wait until every listener indexed a batch at or after the writer's last write."""
+        last_ct = max((ct for _, ct in writer.log if ct is not None), default=None)
+
+        def quiet() -> bool:
+            tail.poll()
+            if last_ct is None:
+                return True
+            done = {
+                r.get("lease")
+                for r in tail.records[-400:]
+                if r["kind"] == "batch" and r.get("ct") and tuple(r["ct"]) >= last_ct
+            }
+            return all(done & set(li.leases) for li in self.cluster.listeners)
+
+        if not self._await(quiet, self.opts.quiesce_timeout):
+            self.say("  the index did not catch up with the last write in time")
+
+    def _compare(self, coll: Any) -> list[Any]:
+        """Each listener's index against the collection, retried a few times for the last
+        refresh."""
+        from listeners.elasticsearch.verify import compare
+
+        c = self.cluster
+        diffs: list[Any] = []
+        for _ in range(10):
+            diffs = [compare(coll, c.es_url, li.index) for li in c.listeners]
+            if all(d.ok for d in diffs):
+                break
+            self.stop.wait(0.5)
+        return diffs
+
     def _judge(
         self,
         diffs: list[Any],
@@ -275,16 +303,36 @@ class Drill:
         end: float,
         raw: dict[str, Any],
     ) -> dict[str, Any]:
-        opts, c = self.opts, self.cluster
         v = Verdict(stalls=list(self.stalls), balance=list(self.balance))
-        per_listener = []
         if not diffs:
             v.errors.append("no comparison was made (interrupted?)")
-        for li, diff in zip(c.listeners, diffs, strict=False):
+        per_listener = self._count_documents(v, diffs, writer)
+        self._check_leases(v, sampler, tail, writer, end)
+        job = check_job(self.cluster.job_record, (f.kind for f in self.injected))
+        v.errors += job.failures()
+        result = self._result(v, job.as_dict(), per_listener, writer, diffs, end, raw)
+        history = self._history(v, result, sampler, tail, writer, end)
+        if not v.ok or self.keep:
+            result["workdir"] = str(self.workdir)
+            (self.workdir / "history.json").write_text(json.dumps(history, default=str))
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        self.history = history
+        logger.debug("drill finished: ok={}", v.ok)
+        return result
+
+    def _count_documents(
+        self, v: Verdict, diffs: list[Any], writer: Writer
+    ) -> list[dict[str, Any]]:
+        """Each listener's mismatched ids into ``v`` (prefixed by the listener when there are
+        several); returns the per-listener counts."""
+        listeners = self.cluster.listeners
+        per_listener = []
+        for li, diff in zip(listeners, diffs, strict=False):
             found = split_extra(
                 list(diff.missing), list(diff.stale), list(diff.extra), writer.deleted
             )
-            tag = "" if len(c.listeners) == 1 else f"{li.index}:"
+            tag = "" if len(listeners) == 1 else f"{li.index}:"
             for into, ids in zip((v.missing, v.stale, v.resurrected, v.extra), found, strict=True):
                 into.extend(f"{tag}{x}" for x in ids)
             per_listener.append(
@@ -296,9 +344,17 @@ class Drill:
                     **{k: len(ids) for k, ids in zip(MISMATCHES, found, strict=True)},
                 }
             )
+        return per_listener
+
+    def _check_leases(
+        self, v: Verdict, sampler: Sampler, tail: AuditTail, writer: Writer, end: float
+    ) -> None:
+        """Checkpoint regressions, fencing violations, takeover gaps, expired handovers and the
+        writer-to-index lag, into ``v``."""
+        c = self.cluster
         by_lease = per_lease(tail.records)
         overlap = [
-            (f.at, f.end + opts.timings.renew_deadline)
+            (f.at, f.end + self.opts.timings.renew_deadline)
             for f in self.injected
             if f.kind == "lease-wipe"
         ]
@@ -314,10 +370,20 @@ class Drill:
         v.expired = planned_expired(self.injected, aimed)
         first = [r for lease in c.listeners[0].leases for r in by_lease.get(lease, [])]
         v.lags = write_lag(writer.log, first)
-        job = check_job(c.job_record, (f.kind for f in self.injected))
-        v.errors += job.failures()
-        by_kind = {k: sum(f.kind == k for f in self.injected) for k in opts.kinds}
-        result: dict[str, Any] = {
+
+    def _result(
+        self,
+        v: Verdict,
+        jobs: dict[str, Any],
+        per_listener: list[dict[str, Any]],
+        writer: Writer,
+        diffs: list[Any],
+        end: float,
+        raw: dict[str, Any],
+    ) -> dict[str, Any]:
+        """The result printed by ``--json`` (its schema is in the README)."""
+        opts = self.opts
+        return {
             "schema": SCHEMA_VERSION,
             "ok": v.ok,
             "failures": v.failures(),
@@ -330,7 +396,7 @@ class Drill:
             "fencing": not opts.unsafe,
             "duration": round(end - self.t0, 2),
             "faults": len(self.injected),
-            "faults_by_kind": by_kind,
+            "faults_by_kind": {k: sum(f.kind == k for f in self.injected) for k in opts.kinds},
             "missing": len(v.missing),
             "stale": len(v.stale),
             "resurrected": len(v.resurrected),
@@ -342,7 +408,7 @@ class Drill:
             "stalls": len(v.stalls),
             "planned_expired": len(v.expired),
             "balance": v.balance_summary(balance_bound(opts.timings.ttl)),
-            "jobs": job.as_dict(),
+            "jobs": jobs,
             "gaps": v.gaps_by_kind(opts.kinds),
             "lag": {**summary(v.lags), "writes": len(v.lags)},
             "raw_stream": raw,
@@ -360,7 +426,18 @@ class Drill:
             "timings": asdict(opts.timings),
             "workdir": None,
         }
-        history = {
+
+    def _history(
+        self,
+        v: Verdict,
+        result: dict[str, Any],
+        sampler: Sampler,
+        tail: AuditTail,
+        writer: Writer,
+        end: float,
+    ) -> dict[str, Any]:
+        """Everything the report draws and a person replaying the run needs."""
+        return {
             "t0": self.t0,
             "end": end,
             "result": result,
@@ -372,7 +449,7 @@ class Drill:
             "balance": [b.as_dict() for b in self.balance_samples],
             "audit": tail.records,
             "writes": [at for at, _ in writer.log],
-            "identities": list(c.replicas),
+            "identities": list(self.cluster.replicas),
             "examples": {
                 "missing": v.missing[:20],
                 "stale": v.stale[:20],
@@ -383,11 +460,3 @@ class Drill:
                 "planned_expired": v.expired[:20],
             },
         }
-        if not v.ok or self.keep:
-            result["workdir"] = str(self.workdir)
-            (self.workdir / "history.json").write_text(json.dumps(history, default=str))
-        else:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-        self.history = history
-        logger.debug("drill finished: ok={}", v.ok)
-        return result
