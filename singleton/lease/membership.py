@@ -3,7 +3,7 @@
 A backend hands out its :class:`Membership`
 (:meth:`~singleton.lease.contract.LeaseBackend.membership`) on the client it already has;
 :mod:`singleton.balance.balancer` uses it to spread leases over the live replicas, and
-:mod:`singleton.balance.stores` holds the Redis and MongoDB implementations.
+:mod:`singleton.lease.members` holds the Redis and MongoDB implementations.
 Membership is advisory: it decides who *tries* to acquire which lease, never who may act on one.
 """
 

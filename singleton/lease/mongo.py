@@ -49,12 +49,12 @@ from pymongo import ReturnDocument
 from pymongo.collection import Collection
 from pymongo.write_concern import WriteConcern
 
-from singleton.balance.stores import MongoMembership
 from singleton.drivers.mongo import Timeouts, classify, client, translate
 from singleton.errors import BackendError, ConfigurationError
 from singleton.lease.facts import validate_facts
 from singleton.lease.fires import FireClaim, validate_claim
 from singleton.lease.leases import Lease, LeaseState, validate_lease_args
+from singleton.lease.members import MongoMembership
 from singleton.lease.notify import ReleaseFeed
 from singleton.lease.server import ServerLeaseBackend
 from singleton.redact import redact

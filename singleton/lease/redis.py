@@ -43,7 +43,6 @@ import redis.exceptions as rex
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from singleton.balance.stores import RedisMembership
 from singleton.drivers.redis import client_from_url, describe_client
 from singleton.errors import (
     BackendError,
@@ -54,6 +53,7 @@ from singleton.errors import (
 from singleton.lease.facts import validate_facts
 from singleton.lease.fires import FireClaim, validate_claim
 from singleton.lease.leases import Lease, LeaseState, validate_lease_args
+from singleton.lease.members import RedisMembership
 from singleton.lease.notify import ReleaseFeed
 from singleton.lease.server import ServerLeaseBackend
 from singleton.redact import redact

@@ -118,15 +118,14 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     # a sink's bounded waits end when the tenure hands over: that signal is the runtime's contract
     # with sinks, not an internal
     ("listeners.elasticsearch.window", "listeners.runtime.handover"): "HandoverInterrupted",
-    # arch-pending: owner refactoring (the backends hand out membership stores kept in balance/;
-    # the stores belong beside the lease stores, or the backend takes them from balance/)
-    ("singleton.lease.mongo", "singleton.balance.stores"): "arch-pending: MongoMembership",
-    ("singleton.lease.redis", "singleton.balance.stores"): "arch-pending: RedisMembership",
-    # arch-pending: owner refactoring (the status board and the audit log are reporting surfaces
-    # that the runner passes down; they live in runtime/ today)
-    ("listeners.checkpoints.policy", "listeners.runtime.audit"): "arch-pending: AuditLog",
-    ("listeners.checkpoints.policy", "listeners.runtime.status"): "arch-pending: StatusBoard",
-    ("listeners.stream.reader", "listeners.runtime.status"): "arch-pending: StatusBoard",
+    # The status board and the audit log are the reporting surfaces the runtime hands down:
+    # the checkpoint policy posts what it saved, the stream reader the batch size it chose.
+    (
+        "listeners.checkpoints.policy",
+        "listeners.runtime.audit",
+    ): "reports each saved position to the audit trail",
+    ("listeners.checkpoints.policy", "listeners.runtime.status"): "posts each save to the board",
+    ("listeners.stream.reader", "listeners.runtime.status"): "posts its batch size to the board",
 }
 
 

@@ -1,4 +1,4 @@
-"""Membership (:mod:`singleton.balance.membership`) on the lease stores' own clients and clocks.
+"""Membership (:mod:`singleton.lease.membership`) on the lease stores' own clients and clocks.
 
 Redis, under the backend's namespace:
 
