@@ -130,7 +130,7 @@ def make_backend(kind: str, request: pytest.FixtureRequest, unique: str) -> Leas
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, unique: str) -> Iterator[LeaseBackend]:
     """Every lease backend, each against a real server where it has one: the contract suite
-    (``tests/integration/test_contract.py``) checks each capability on it."""
+    (``tests/integration/lease/test_contract.py``) checks each capability on it."""
     b = make_backend(request.param, request, unique)
     try:
         yield b

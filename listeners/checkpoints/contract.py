@@ -57,7 +57,8 @@ class Checkpoint:
 class CheckpointStore(ABC):
     """Stores one :class:`Checkpoint` (and optional listener progress) per listener name.
 
-    Invariants every implementation keeps (``tests/unit/test_checkpoint_store.py``,
+    Invariants every implementation keeps
+    (``tests/unit/listeners/checkpoints/test_checkpoint_store.py``,
     ``tests/unit/test_fencing_model.py``):
 
     * **Claim.** A tenure starts with :meth:`claim`: in one step the record is fenced with the

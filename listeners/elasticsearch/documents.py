@@ -17,9 +17,9 @@ So datetimes and dataclasses go through :func:`_default` as they did with ``json
 whenever orjson's output could mean something else (it refused the document, or wrote a
 ``null`` while the document holds a non-finite float), the standard encoder decides, as it
 always did: the result is the same JSON value, or the same error, as ``json.dumps`` with
-:func:`_default` gives (``tests/unit/test_es_encoding.py`` proves it with Hypothesis). One
-difference is left: a plain ``Enum`` from a transform is written as its value (``json``
-refuses it).
+:func:`_default` gives (``tests/unit/listeners/elasticsearch/test_es_encoding.py`` proves it with
+Hypothesis). One difference is left: a plain ``Enum`` from a transform is written as its value
+(``json`` refuses it).
 """
 
 from __future__ import annotations

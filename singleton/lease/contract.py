@@ -6,7 +6,7 @@ claims (:class:`~singleton.lease.fires.FireClaims`) and membership
 (:class:`~singleton.lease.membership.Membership`). :class:`LeaseBackend` is all of them together;
 the Redis, MongoDB and in-memory (:mod:`singleton.testing`) backends implement it.
 
-Invariants every capability keeps, on every backend (``tests/integration/test_contract.py``
+Invariants every capability keeps, on every backend (``tests/integration/lease/test_contract.py``
 checks them per capability):
 
 * **Atomicity.** Each operation is one atomic step on the server (a Lua script, a

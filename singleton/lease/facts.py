@@ -17,7 +17,7 @@ from singleton.lease.leases import validate_lease_args
 class Facts(ABC):
     """Remembered facts, one record per name, beside the leases of the same store.
 
-    Invariants every implementation keeps (``tests/integration/test_contract.py``,
+    Invariants every implementation keeps (``tests/integration/lease/test_contract.py``,
     ``TestFacts``, checks them against each backend), beside those every capability keeps
     (:mod:`singleton.lease.contract`):
 

@@ -27,7 +27,7 @@ class FireClaim:
 class FireClaims(ABC):
     """Fire times claimed under the leases of the same store.
 
-    Invariants every implementation keeps (``tests/integration/test_contract.py``,
+    Invariants every implementation keeps (``tests/integration/lease/test_contract.py``,
     ``TestFireClaims``, checks them against each backend), beside those every capability keeps
     (:mod:`singleton.lease.contract`):
 

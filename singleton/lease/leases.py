@@ -55,7 +55,7 @@ class LeaseState:
 class Leases(ABC):
     """A store that grants named, expiring, fenced leases.
 
-    Invariants every implementation keeps (``tests/integration/test_contract.py``,
+    Invariants every implementation keeps (``tests/integration/lease/test_contract.py``,
     ``TestLeases`` and ``TestReleases``, checks them against each backend), beside those every
     capability keeps (:mod:`singleton.lease.contract`):
 

@@ -31,8 +31,8 @@ class Member:
 class Membership(ABC):
     """Heartbeats and the live set of a group, on the store's clock.
 
-    Invariants every implementation keeps (``tests/integration/test_membership.py`` and
-    ``TestMembership`` in ``tests/integration/test_contract.py`` check them against each
+    Invariants every implementation keeps (``tests/integration/balance/test_membership.py`` and
+    ``TestMembership`` in ``tests/integration/lease/test_contract.py`` check them against each
     store), beside those every capability keeps (:mod:`singleton.lease.contract`):
 
     * **Liveness by the store's clock.** A member is live from a :meth:`heartbeat` until ``ttl``

@@ -21,9 +21,9 @@ from singleton.balance.balancer import BalanceView
 from singleton.election.health import ElectorStats
 from singleton.errors import SinkRejectedError, SinkUnavailableError
 from singleton.service.metrics import MetricsServer
-from tests.unit.test_es_bulk import Scripted, items, whole
+from tests.unit.listeners.elasticsearch.test_es_bulk import Scripted, items, whole
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _replica(listener: Any = None, **counters: int) -> Any:

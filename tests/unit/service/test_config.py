@@ -168,7 +168,7 @@ def test_a_metrics_port_in_use_exits_2(capsys: pytest.CaptureFixture[str]) -> No
         (["run", "--config", "/"], "is a directory"),
         (["run", "--listener", "builtins:dict"], "not a subclass of"),
         (["run", "--listener", "os:getcwd"], "not a subclass of"),
-        (["run", "--listener", "tests.unit.test_config:Exploding"], "RuntimeError: boom"),
+        (["run", "--listener", "tests.unit.service.test_config:Exploding"], "RuntimeError: boom"),
         (["run", "--ttl", "1e6", "--listener", "logging"], "ttl must be < 1000000"),
         (["run", "--mongo-url", "mongodb://u:hunter2@x@h/", "--listener", "logging"], "u:***@h"),
         (
@@ -260,8 +260,8 @@ _NAMED = [
     ('use = "logging"\nname = "n"\ndatabase = "d"\n', ["n"]),
     ('use = "logging"\ndatabase = "d"\ncollection = "c"\n', ["d.c"]),
     ('use = "logging"\ndatabase = "d"\n', ["d.*"]),  # a whole database
-    ('use = "tests.unit.test_config:Counted"\n', ["shop.orders"]),  # from the class
-    ('use = "tests.unit.test_config:Counted"\ncollection = "x"\n', ["shop.x"]),
+    ('use = "tests.unit.service.test_config:Counted"\n', ["shop.orders"]),  # from the class
+    ('use = "tests.unit.service.test_config:Counted"\ncollection = "x"\n', ["shop.x"]),
     ('use = "logging"\nname = "p"\ndatabase = "d"\npartitions = 2\n', ["p.0-of-2", "p.1-of-2"]),
 ]
 
@@ -281,7 +281,9 @@ def test_lease_names_come_from_the_table_and_class_as_the_replica_names_them(
 
 def test_a_listener_that_renames_itself_in_init_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "s.toml"
-    path.write_text('[[listeners]]\nuse = "tests.unit.test_config:Renames"\ndatabase = "d"\n')
+    path.write_text(
+        '[[listeners]]\nuse = "tests.unit.service.test_config:Renames"\ndatabase = "d"\n'
+    )
     config = load_config(path)
     assert lease_names(config) == ["d.*"]
     with pytest.raises(ConfigurationError, match="named itself 'd-renamed' in __init__"):
@@ -303,9 +305,11 @@ def test_dead_letters_builds_no_listener(
 ) -> None:
     """``Exploding.__init__`` raises: ``dead-letters`` checks its ``--listener`` against the
     lease names without constructing it, where ``run`` does (exit 2). (``status``: in
-    tests/integration/test_service.py, against real stores.)"""
+    tests/integration/service/test_service.py, against real stores.)"""
     path = tmp_path / "s.toml"
-    path.write_text('[[listeners]]\nuse = "tests.unit.test_config:Exploding"\ndatabase = "d"\n')
+    path.write_text(
+        '[[listeners]]\nuse = "tests.unit.service.test_config:Exploding"\ndatabase = "d"\n'
+    )
     assert main(["dead-letters", "list", "--listener", "nope", "--config", str(path)]) == 2
     assert "'nope' is not configured; configured: d.*" in capsys.readouterr().err
     assert main(["run", "--config", str(path)]) == 2

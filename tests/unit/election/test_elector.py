@@ -14,7 +14,7 @@ import pytest
 from singleton import ConfigurationError, Elector, Leadership
 from singleton.lease.contract import Lease, LeaseState
 from singleton.testing import MemoryLeaseBackend
-from tests.unit.election_support import assert_leads
+from tests.unit.election.election_support import assert_leads
 
 
 # -- construction ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from singleton.service.dev.embedded import RedisServer, wait_until
 from singleton.service.dev.ports import free_port
 from tests.integration.leader_child import Child
 from tests.integration.proxy import TcpProxy
-from tests.unit.election_support import captured_logs, contend_times
+from tests.unit.election.election_support import captured_logs, contend_times
 
 SECRET = "s3cr3t-pa55"
 

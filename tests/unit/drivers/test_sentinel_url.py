@@ -1,6 +1,6 @@
 """``rediss+sentinel://`` and the Sentinels' own credentials, read from the URL: what reaches
 redis-py's Sentinel clients and master pool (a TLS Sentinel is not started here: the parse and the
-built clients are checked; ``tests/integration/test_sentinel.py`` runs password-protected
+built clients are checked; ``tests/integration/lease/test_sentinel.py`` runs password-protected
 Sentinels for real)."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from singleton.election.settings import MAX_RETRY_BACKOFF
 from singleton.errors import PermissionDeniedError
 from singleton.lease.contract import Lease
 from singleton.testing import FakeClock
-from tests.unit.election_support import (
+from tests.unit.election.election_support import (
     FlakyBackend,
     Recorder,
     assert_leads,

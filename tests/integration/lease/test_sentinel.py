@@ -37,9 +37,9 @@ from singleton.lease.redis import RedisLeaseBackend
 from singleton.service.assembly import warn_without_persistence
 from singleton.service.config import load_config
 from singleton.service.dev.embedded import free_port, wait_until
+from tests.integration.lease.test_redis_backend import assert_release_observed
 from tests.integration.sentinel_support import SERVICE, SentinelGroup
-from tests.integration.test_redis_backend import assert_release_observed
-from tests.unit.election_support import captured_logs
+from tests.unit.election.election_support import captured_logs
 
 SECRET = "s3nt1nel-pa55"
 MASTER_SECRET = "ma5ter-pa55"

@@ -1,8 +1,9 @@
 """MongoLeaseBackend against SecantusDB: many processes, a skewed wall clock, stale holders, bad
 configuration. The contract itself is checked by ``test_contract.py``.
 
-Child processes run this module: ``python -m tests.integration.test_mongo_lease MODE ...``; they
-print one JSON object per line and start their work when the parent writes ``go`` on stdin.
+Child processes run this module (``python -m tests.integration.lease.test_mongo_lease MODE
+...``); they print one JSON object per line and start their work when the parent writes ``go``
+on stdin.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from singleton.lease.mongo import MongoLeaseBackend
 from singleton.service.dev.embedded import MongoServer, wait_until
 from singleton.service.dev.ports import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NAME = "job"
 SKEW = 30.0
 
@@ -105,7 +106,7 @@ class Children:
     def spawn(
         self, mode: str, ident: str, *args: object, skew: bool = False
     ) -> subprocess.Popen[str]:
-        cmd = [sys.executable, "-m", "tests.integration.test_mongo_lease"]
+        cmd = [sys.executable, "-m", "tests.integration.lease.test_mongo_lease"]
         cmd += [mode, self.url, self.db, ident]
         env = dict(os.environ)
         if skew:

@@ -10,7 +10,7 @@ import yaml
 
 from singleton.service.config import load_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_docker_compose_config_is_valid() -> None:

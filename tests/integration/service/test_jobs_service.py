@@ -19,7 +19,7 @@ from singleton.lease.fires import FireClaim
 from singleton.service.dev.embedded import wait_until
 from tests.integration.cluster import ReplicaProc, status_json, store_args
 from tests.integration.job_support import RECORD_ENV, exactly_once_violations, read_runs
-from tests.integration.test_service import holder, lease_backend
+from tests.integration.service.test_service import holder, lease_backend
 
 TTL = 4.0  # store_args' lease ttl
 JOB = "tick"

@@ -13,7 +13,7 @@ import pytest
 
 from singleton import Elector, Leadership
 from singleton.service.dev.embedded import wait_until
-from tests.unit.election_support import contend_times
+from tests.unit.election.election_support import contend_times
 
 
 @pytest.mark.parametrize("kind", ["memory", "fakeredis", "redis", "mongo"])
