@@ -1,5 +1,6 @@
 """What several benchmarks share: percentiles, a process's CPU time and memory, an index's
-document count, three ``singleton run`` replicas on one config, and a paced writer."""
+document count, three ``singleton run`` replicas on one config (and a whole cluster of them on
+embedded servers, torn down on exit), and a paced writer."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+import pymongo
 
 from listeners.elasticsearch.transport import Transport as EsTransport
+from singleton.lease.redis import RedisLeaseBackend
 from singleton.service.dev.cluster import ReplicaProcess, child_environment, singleton_command
 from singleton.service.dev.embedded import ElasticServer, MongoServer, RedisServer
 
@@ -78,6 +82,82 @@ def three_replicas(config: Path, root: Path) -> dict[str, ReplicaProcess]:
         )
         for i in range(3)
     }
+
+
+class Replicas(NamedTuple):
+    """Three running replicas, their lease store (namespace ``bench``), a client on their
+    SecantusDB, and the event that stops a benchmark's load threads."""
+
+    procs: dict[str, ReplicaProcess]
+    backend: RedisLeaseBackend
+    client: pymongo.MongoClient[dict[str, Any]]
+    stop: threading.Event
+
+
+def replica_config(
+    root: Path, urls: dict[str, str], listener: str, settings: str = "", lease: str = ""
+) -> Path:
+    """``root/singleton.toml``: Redis leases (namespace ``bench``, ttl 4 s) and one
+    ``elasticsearch`` listener ``listener`` mirroring ``bench.orders`` into the index of that
+    name, on the servers ``urls`` names (``redis``, ``mongo``, ``es``); ``settings`` and
+    ``lease`` are more TOML lines for the top and the ``[lease]`` table."""
+    config = root / "singleton.toml"
+    config.write_text(
+        f"""backend = "redis"
+redis_url = "{urls["redis"]}"
+mongo_url = "{urls["mongo"]}"
+es_url = "{urls["es"]}"
+namespace = "bench"
+log_level = "INFO"
+{settings}
+
+[lease]
+ttl = 4.0
+renew_interval = 1.0
+renew_deadline = 2.5
+retry_interval = 1.0
+{lease}
+
+[[listeners]]
+use = "elasticsearch"
+name = "{listener}"
+database = "bench"
+collection = "orders"
+index = "{listener}"
+"""
+    )
+    return config
+
+
+@contextlib.contextmanager
+def running_replicas(
+    prefix: str, listener: str, settings: str = "", lease: str = ""
+) -> Iterator[Replicas]:
+    """Embedded servers in a fresh work directory (``prefix`` names it) and three replicas of
+    :func:`replica_config` (``listener``, ``settings``, ``lease``) on them, started. On exit
+    ``stop`` is set, the replicas stop, the store and the client close, and the servers are
+    cleaned up."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    servers = start_servers(root)
+    redis_srv, mongo_srv, es_srv = servers
+    urls = {"redis": redis_srv.url, "mongo": mongo_srv.url, "es": es_srv.url}
+    config = replica_config(root, urls, listener, settings, lease)
+    procs = three_replicas(config, root)
+    backend = RedisLeaseBackend(redis_srv.url, namespace="bench")
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_srv.url)
+    stop = threading.Event()
+    try:
+        for p in procs.values():
+            p.start()
+        yield Replicas(procs, backend, client, stop)
+    finally:
+        stop.set()
+        for p in procs.values():
+            p.stop()
+        backend.close()
+        client.close()
+        for s in reversed(servers):
+            s.cleanup()
 
 
 def paced_writer(

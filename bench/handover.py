@@ -21,7 +21,6 @@ import json
 import os
 import re
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -29,11 +28,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import pymongo
-
-from bench._support import paced_writer, pct, start_servers, three_replicas
+from bench._support import paced_writer, pct, running_replicas
 from singleton.errors import SingletonError
-from singleton.lease.redis import RedisLeaseBackend
 from singleton.service.dev.cluster import ReplicaProcess
 from singleton.service.dev.embedded import wait_until
 
@@ -46,36 +42,6 @@ DRAIN = os.environ.get("BENCH_HANDOVER_DRAIN")
 #: ``checkpoint_store`` of the replicas (``BENCH_HANDOVER_CHECKPOINTS``; default ``mongo``, the
 #: same SecantusDB as the stream, whose write stalls a handover's checkpoint then waits for).
 CHECKPOINTS = os.environ.get("BENCH_HANDOVER_CHECKPOINTS", "mongo")
-
-
-def _config(root: Path, redis_url: str, mongo_url: str, es_url: str) -> Path:
-    config = root / "singleton.toml"
-    config.write_text(
-        f"""backend = "redis"
-redis_url = "{redis_url}"
-mongo_url = "{mongo_url}"
-es_url = "{es_url}"
-namespace = "bench"
-log_level = "INFO"
-{"" if DRAIN is None else f"drain_timeout = {float(DRAIN)}"}
-checkpoint_store = "{CHECKPOINTS}"
-
-[lease]
-ttl = 4.0
-renew_interval = 1.0
-renew_deadline = 2.5
-retry_interval = 1.0
-cooldown = 1.0
-
-[[listeners]]
-use = "elasticsearch"
-name = "{LEASE}"
-database = "bench"
-collection = "orders"
-index = "bench-handover"
-"""
-    )
-    return config
 
 
 def _released(log: Path, token: int) -> bool:
@@ -116,37 +82,30 @@ def _hand_over(
 
 
 def main() -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="bench-handover-"))
-    servers = start_servers(root)
-    redis_srv, mongo_srv, es_srv = servers
-    config = _config(root, redis_srv.url, mongo_srv.url, es_srv.url)
-    procs = three_replicas(config, root)
-    backend = RedisLeaseBackend(redis_srv.url, namespace="bench")
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_srv.url)
-    stop = threading.Event()
-    written = [0]
+    drain = "" if DRAIN is None else f"drain_timeout = {float(DRAIN)}\n"
+    settings = f'{drain}checkpoint_store = "{CHECKPOINTS}"'
+    replicas = running_replicas("bench-handover-", LEASE, settings, lease="cooldown = 1.0")
+    with replicas as (procs, backend, client, stop):
+        written = [0]
 
-    def writer() -> None:
-        paced_writer(client["bench"]["orders"], RATE, 20, stop, written)
+        def writer() -> None:
+            paced_writer(client["bench"]["orders"], RATE, 20, stop, written)
 
-    probe_ms: list[float] = []
+        probe_ms: list[float] = []
 
-    def probe() -> None:
-        coll = client["bench"]["probe"]
-        while not stop.wait(0.02):
-            t0 = time.perf_counter()
-            coll.update_one({"_id": 1}, {"$inc": {"n": 1}}, upsert=True)
-            probe_ms.append((time.perf_counter() - t0) * 1000)
+        def probe() -> None:
+            coll = client["bench"]["probe"]
+            while not stop.wait(0.02):
+                t0 = time.perf_counter()
+                coll.update_one({"_id": 1}, {"$inc": {"n": 1}}, upsert=True)
+                probe_ms.append((time.perf_counter() - t0) * 1000)
 
-    def holder() -> tuple[str, int] | None:
-        state = backend.inspect(LEASE)
-        return None if state is None else (state.identity, state.token)
+        def holder() -> tuple[str, int] | None:
+            state = backend.inspect(LEASE)
+            return None if state is None else (state.identity, state.token)
 
-    gaps: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    expired: dict[str, int] = {kind: 0 for kind in KINDS}
-    try:
-        for p in procs.values():
-            p.start()
+        gaps: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        expired: dict[str, int] = {kind: 0 for kind in KINDS}
         wait_until(lambda: holder() is not None, 30, what="a leader")
         t = threading.Thread(target=writer, daemon=True)
         t.start()
@@ -190,14 +149,6 @@ def main() -> dict[str, Any]:
             },
             "waited_for_expiry_goal": 0,
         }
-    finally:
-        stop.set()
-        for p in procs.values():
-            p.stop()
-        backend.close()
-        client.close()
-        for s in reversed(servers):
-            s.cleanup()
 
 
 if __name__ == "__main__":

@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import json
 import signal
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-import pymongo
-
-from bench._support import paced_writer, pct, rss_mb, start_servers, three_replicas
-from singleton.lease.redis import RedisLeaseBackend
+from bench._support import paced_writer, pct, rss_mb, running_replicas
 from singleton.service.dev.embedded import wait_until
 
 LEASE = "bench-orders"
@@ -28,48 +23,16 @@ ROUNDS = 10
 
 
 def main() -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="bench-service-"))
-    servers = start_servers(root)
-    redis_srv, mongo_srv, es_srv = servers
-    config = root / "singleton.toml"
-    config.write_text(
-        f"""backend = "redis"
-redis_url = "{redis_srv.url}"
-mongo_url = "{mongo_srv.url}"
-es_url = "{es_srv.url}"
-namespace = "bench"
-log_level = "INFO"
+    with running_replicas("bench-service-", LEASE) as (procs, backend, client, stop):
+        written = [0]
 
-[lease]
-ttl = 4.0
-renew_interval = 1.0
-renew_deadline = 2.5
-retry_interval = 1.0
+        def writer() -> None:  # ~1,000 inserts/s in batches of 50
+            paced_writer(client["bench"]["orders"], 1000.0, 50, stop, written)
 
-[[listeners]]
-use = "elasticsearch"
-name = "{LEASE}"
-database = "bench"
-collection = "orders"
-index = "bench-orders"
-"""
-    )
-    procs = three_replicas(config, root)
-    backend = RedisLeaseBackend(redis_srv.url, namespace="bench")
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_srv.url)
-    stop = threading.Event()
-    written = [0]
+        def leader() -> str | None:
+            state = backend.inspect(LEASE)
+            return None if state is None else state.identity
 
-    def writer() -> None:  # ~1,000 inserts/s in batches of 50
-        paced_writer(client["bench"]["orders"], 1000.0, 50, stop, written)
-
-    def leader() -> str | None:
-        state = backend.inspect(LEASE)
-        return None if state is None else state.identity
-
-    try:
-        for p in procs.values():
-            p.start()
         wait_until(lambda: leader() is not None, 30, what="a leader")
         t = threading.Thread(target=writer, daemon=True)
         t.start()
@@ -113,14 +76,6 @@ index = "bench-orders"
                 "goal_p99": 100,
             },
         }
-    finally:
-        stop.set()
-        for p in procs.values():
-            p.stop()
-        backend.close()
-        client.close()
-        for s in reversed(servers):
-            s.cleanup()
 
 
 if __name__ == "__main__":

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from singleton.lease.contract import LeaseBackend
-from singleton.service.dev.embedded import ElasticServer, MongoServer, RedisServer
+from singleton.service.dev.embedded import ElasticServer, EmbeddedServer, MongoServer, RedisServer
 from singleton.testing import MemoryLeaseBackend
 
 #: The Hypothesis state machines drive stores whose calls take what they take: no deadline per
@@ -20,35 +20,36 @@ from singleton.testing import MemoryLeaseBackend
 settings.register_profile("stores", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
+def _serving(
+    name: str, make: Callable[[], EmbeddedServer], scope: Literal["session", "module"] = "session"
+) -> Any:
+    """The fixture ``name``: the server ``make()`` returns, running while ``scope`` lasts."""
+
+    def serve() -> Iterator[EmbeddedServer]:
+        with make() as server:
+            yield server
+
+    serve.__doc__ = make.__doc__
+    return pytest.fixture(serve, scope=scope, name=name)
+
+
+def _real_redis() -> RedisServer:
+    """A redis-server (not fakeredis's stand-in): the real-server tests need the real thing."""
     server = RedisServer()
     assert not server.fake, "redis-server must be on PATH for the real-server tests (make sysdeps)"
-    with server:
-        yield server
+    return server
 
 
-@pytest.fixture(scope="session")
-def mongo_server() -> Iterator[MongoServer]:
-    server = MongoServer()
-    with server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def faulty_mongo() -> Iterator[MongoServer]:
+def _faulty_mongo() -> MongoServer:
     """A SecantusDB of the module's own with test commands on, so its fail points hurt no other
     module's server."""
-    server = MongoServer(test_commands=True)
-    with server:
-        yield server
+    return MongoServer(test_commands=True)
 
 
-@pytest.fixture(scope="session")
-def es_server() -> Iterator[ElasticServer]:
-    server = ElasticServer()
-    with server:
-        yield server
+redis_server = _serving("redis_server", _real_redis)
+mongo_server = _serving("mongo_server", MongoServer)
+faulty_mongo = _serving("faulty_mongo", _faulty_mongo, scope="module")
+es_server = _serving("es_server", ElasticServer)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""Helpers for the ElasticsearchSync tests: tenures without an elector, a random workload, a
-SecantusDB of a test module's own, and reading a change stream up to a marker (no sleeps: the
-marker event is the synchronisation)."""
+"""Helpers for the ElasticsearchSync tests: tenures without an elector, a sync with its first
+tenure, a random workload, a SecantusDB of a test module's own, and reading a change stream up to
+a marker (no sleeps: the marker event is the synchronisation)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pymongo
 from bson.timestamp import Timestamp
 
 from listeners.base import ChangeStreamListener, ListenerContext, default_logger
+from listeners.elasticsearch import ElasticsearchSync
 from singleton.election.leadership import Leadership
 from singleton.service.dev.embedded import MongoServer
 from singleton.testing import FakeClock, MemoryLeaseBackend
@@ -57,6 +58,17 @@ class Tenures:
     def end(self, ctx: ListenerContext) -> None:
         """That tenure's renew deadline passes, as for a paused or partitioned leader."""
         self._clocks[ctx.token].advance(3600)
+
+
+def sync_with_tenure(
+    client: Any, docs: Any, es: Any, **options: Any
+) -> tuple[ElasticsearchSync, ListenerContext]:
+    """An :class:`ElasticsearchSync` of the collection ``docs`` into ``es`` (``options`` for the
+    rest), and the context of a first tenure of its lease on ``client``."""
+    listener = ElasticsearchSync(
+        database=docs.database.name, collection=docs.name, es=es, **options
+    )
+    return listener, Tenures(listener.lease_name).next(client)
 
 
 def put_marker(coll: Any, marker: str = MARKER) -> None:

@@ -316,12 +316,6 @@ class TestLeases:
             gate.set()
             a.stop()
 
-    @bad_calls(LEASE_BAD_CALLS)
-    def test_bad_arguments_rejected_before_io(
-        self, backend: LeaseBackend, call: Callable[[LeaseBackend], object]
-    ) -> None:
-        assert_rejected_before_io(backend, call)
-
 
 class TestReleases:
     """:class:`~singleton.lease.leases.Leases`, its release half: waits, wakes and release
@@ -425,12 +419,6 @@ class TestFacts:
         c = acquire(backend, "job", "c/1")
         assert c.token > b.token and backend.recall("job")["during"] == str(a.token)
 
-    @bad_calls(FACT_BAD_CALLS)
-    def test_bad_arguments_rejected_before_io(
-        self, backend: LeaseBackend, call: Callable[[LeaseBackend], object]
-    ) -> None:
-        assert_rejected_before_io(backend, call)
-
 
 class TestFireClaims:
     """:class:`~singleton.lease.fires.FireClaims`: each fire time once, fenced, bounded."""
@@ -501,15 +489,16 @@ class TestFireClaims:
         assert sorted(results) == [False] * 5 + [True]
         assert len(backend.fires("job")) == 1
 
-    @bad_calls(FIRE_BAD_CALLS)
-    def test_bad_arguments_rejected_before_io(
-        self, backend: LeaseBackend, call: Callable[[LeaseBackend], object]
-    ) -> None:
-        assert_rejected_before_io(backend, call)
-
 
 class TestTheStore:
     """:class:`~singleton.lease.contract.LeaseBackend`: what the capabilities share, one store."""
+
+    @bad_calls(LEASE_BAD_CALLS + FACT_BAD_CALLS + FIRE_BAD_CALLS)
+    def test_bad_arguments_rejected_before_io(
+        self, backend: LeaseBackend, call: Callable[[LeaseBackend], object]
+    ) -> None:
+        """Every capability (leases, facts, fire claims) checks its arguments before any I/O."""
+        assert_rejected_before_io(backend, call)
 
     def test_facts_are_lost_with_the_store(self, backend: LeaseBackend) -> None:
         backend.remember("job", {"checkpointed": "1"})

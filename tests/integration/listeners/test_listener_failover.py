@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
+from bson.timestamp import Timestamp
 
+from listeners import ListenerRunner
 from singleton.errors import BackendUnavailableError
 from singleton.service.dev.embedded import wait_until
 from tests.integration.listener_support import (
+    Recorder,
     Scene,
     Writer,
     assert_monotonic,
@@ -19,6 +25,27 @@ from tests.integration.listener_support import (
     now,
     wait_state,
 )
+
+
+@contextmanager
+def b_under_load(
+    scene: Scene, a: ListenerRunner, a_listener: Recorder, b_listener: Recorder, **b_options: Any
+) -> Iterator[tuple[ListenerRunner, Writer, Timestamp]]:
+    """Start B (``b_options`` for its runner) beside the leader A and a writer on ``orders``;
+    once A has handled 60 events, yield B, the writer and the cluster time before its first
+    write. On exit the writer stops, A's gate opens (were it shut) and A and B stop."""
+    b = scene.runner(b_listener, "b", **b_options).start()
+    since = now(scene.client)
+    writer = Writer(scene.coll("orders"))
+    writer.start()
+    try:
+        wait_until(lambda: len(a_listener.keys()) >= 60, 20, what="A handles events")
+        yield b, writer, since
+    finally:
+        writer.stop_event.set()
+        a_listener.gate.set()
+        a.stop()
+        b.stop()
 
 
 @pytest.mark.parametrize("crash", ["lease_expired", "stopped_without_release"])
@@ -30,12 +57,7 @@ def test_crashed_leader_successor_handles_everything(
     a_listener, b_listener = scene.listener("orders"), scene.listener("orders")
     a = scene.runner(a_listener, "a").start()
     wait_until(lambda: a.elector.is_leader and a.status().state == "streaming", 10, what="A")
-    b = scene.runner(b_listener, "b").start()
-    since = now(scene.client)
-    writer = Writer(scene.coll("orders"))
-    writer.start()
-    try:
-        wait_until(lambda: len(a_listener.keys()) >= 60, 20, what="A handles events")
+    with b_under_load(scene, a, a_listener, b_listener) as (b, writer, since):
         # A hangs inside handle_batch (a SIGSTOP'd process) and its lease runs out: a crash as
         # far as the lease and the checkpoint are concerned.
         a_listener.gate.clear()
@@ -63,11 +85,6 @@ def test_crashed_leader_successor_handles_everything(
         # How fast B takes over is the elector's business: keep writing until the window
         # holds enough events to be a test under load.
         expected = finish_writes(writer, since, a_listener, b_listener, at_least=160)
-    finally:
-        writer.stop_event.set()
-        a_listener.gate.set()
-        a.stop()
-        b.stop()
     assert not set(expected) - handled_by(a_listener, b_listener), "events missing after a crash"
     assert len(expected) >= 150
     assert_monotonic(store.accepted)
@@ -87,12 +104,7 @@ def test_planned_release_replays_nothing(mongo_url: str, unique: str) -> None:
     listeners = [scene.listener("orders") for _ in range(2)]
     a = scene.runner(listeners[0], "a", cooldown=1.5).start()
     wait_state(a, "streaming")
-    b = scene.runner(listeners[1], "b", cooldown=1.5).start()
-    since = now(scene.client)
-    writer = Writer(scene.coll("orders"))
-    writer.start()
-    try:
-        wait_until(lambda: len(listeners[0].keys()) >= 60, 20, what="A handles events")
+    with b_under_load(scene, a, listeners[0], listeners[1], cooldown=1.5) as (b, writer, since):
         a.elector.rotate()
         wait_until(lambda: b.elector.is_leader, 10, what="B elected")
         wait_until(lambda: len(listeners[1].keys()) >= 60, 20, what="B handles events")
@@ -100,10 +112,6 @@ def test_planned_release_replays_nothing(mongo_url: str, unique: str) -> None:
         wait_until(lambda: a.elector.is_leader, 10, what="A elected again")
         wait_until(lambda: len(listeners[0].keys()) >= 150, 20, what="A handles again")
         expected = finish_writes(writer, since, *listeners)
-    finally:
-        writer.stop_event.set()
-        a.stop()
-        b.stop()
     counts = Counter(listeners[0].keys() + listeners[1].keys())
     twice = [k for k, n in counts.items() if n > 1]
     assert not twice, f"{len(twice)} events handled twice across planned handovers"
@@ -125,12 +133,7 @@ def test_overrunning_drain_releases_and_the_successor_replays_the_tail(
     wait_state(a, "streaming")
     released: list[tuple[int, bool]] = []
     a.elector.subscribe(on_released=lambda ld, ok: released.append((ld.token, ok)))
-    b = scene.runner(b_listener, "b").start()
-    since = now(scene.client)
-    writer = Writer(scene.coll("orders"))
-    writer.start()
-    try:
-        wait_until(lambda: len(a_listener.keys()) >= 60, 20, what="A handles events")
+    with b_under_load(scene, a, a_listener, b_listener) as (b, writer, since):
         a_token = a.status().fencing_token
         assert a_token is not None
         a_listener.gate.clear()  # A's next handle_batch hangs: the act in hand
@@ -144,11 +147,6 @@ def test_overrunning_drain_releases_and_the_successor_replays_the_tail(
         wait_state(a, "follower")
         tail = a_listener.keys()[handled_before:]
         expected = finish_writes(writer, since, a_listener, b_listener, at_least=160)
-    finally:
-        writer.stop_event.set()
-        a_listener.gate.set()
-        a.stop()
-        b.stop()
     assert tail, "A's hung batch was never handled"
     assert set(tail) <= set(b_listener.keys()), "the successor did not replay A's tail"
     assert not set(expected) - handled_by(a_listener, b_listener), "events missing"

@@ -103,10 +103,22 @@ def renew(election: Election) -> Renew:
     return action
 
 
+def leading(clock: FakeClock, **options: Any) -> tuple[Election, Events, Leadership]:
+    """A machine (``options`` as for :func:`machine`) elected just now, token 7: the election,
+    what it told its subscribers, and the tenure."""
+    election, events = machine(clock, **options)
+    return election, events, elected(election, clock)
+
+
+def renew_due(election: Election, clock: FakeClock) -> Renew:
+    """Let the renew interval pass: the renewal then due."""
+    clock.advance(RENEW_INTERVAL)
+    return renew(election)
+
+
 # -- leading ----------------------------------------------------------------------------------
 def test_a_granted_contend_leads_and_renews_on_schedule(clock: FakeClock) -> None:
-    election, events = machine(clock)
-    ld = elected(election, clock)
+    election, events, ld = leading(clock)
     assert events.log == [("leader", "a"), ("elected", 7)]
     assert ld.remaining() == RENEW_DEADLINE
     assert election.tick() == Wait(RENEW_INTERVAL)  # nothing due before the renew interval
@@ -122,10 +134,8 @@ def test_a_granted_contend_leads_and_renews_on_schedule(clock: FakeClock) -> Non
 
 
 def test_the_deadline_counts_from_when_the_renewal_was_sent(clock: FakeClock) -> None:
-    election, _ = machine(clock)
-    ld = elected(election, clock)
-    clock.advance(RENEW_INTERVAL)
-    action = renew(election)
+    election, _, ld = leading(clock)
+    action = renew_due(election, clock)
     sent_at = clock.monotonic()
     clock.advance(2.0)  # the answer arrives 2 s after the request left
     election.renewed(action, lease(ld.holder), sent_at=sent_at)
@@ -135,11 +145,9 @@ def test_the_deadline_counts_from_when_the_renewal_was_sent(clock: FakeClock) ->
 def test_a_renewal_never_confirmed_ends_the_tenure_at_renew_deadline_before_ttl(
     clock: FakeClock,
 ) -> None:
-    election, events = machine(clock)
-    ld = elected(election, clock)
+    election, events, ld = leading(clock)
     granted_at = clock.monotonic()
-    clock.advance(RENEW_INTERVAL)
-    hanging = renew(election)  # sent; its answer never comes while the deadline runs
+    hanging = renew_due(election, clock)  # sent; its answer never comes while the deadline runs
     clock.advance(RENEW_DEADLINE - RENEW_INTERVAL - EPS)
     election.check_deadline()  # the watchdog, while the call hangs
     assert ld.valid() and election.leadership is ld
@@ -159,10 +167,8 @@ def test_a_renewal_never_confirmed_ends_the_tenure_at_renew_deadline_before_ttl(
 def test_a_refused_renewal_is_a_loss_and_a_failed_one_is_retried_before_the_deadline(
     clock: FakeClock,
 ) -> None:
-    election, events = machine(clock)
-    ld = elected(election, clock)
-    clock.advance(RENEW_INTERVAL)
-    action = renew(election)
+    election, events, ld = leading(clock)
+    action = renew_due(election, clock)
     election.renewed(action, BackendUnavailableError("injected"), sent_at=clock.monotonic())
     assert ld.valid() and election.stats.renew_failures == 1
     # Retried at half the shorter of renew_interval and retry_interval.
@@ -174,8 +180,7 @@ def test_a_refused_renewal_is_a_loss_and_a_failed_one_is_retried_before_the_dead
 
 
 def test_a_new_tenure_campaigns_with_a_new_holder_value(clock: FakeClock) -> None:
-    election, _ = machine(clock)
-    first = elected(election, clock)
+    election, _, first = leading(clock)
     clock.advance(RENEW_DEADLINE)
     election.check_deadline()
     # The old lease may still be ours on the server: a new value never inherits it.
@@ -255,15 +260,13 @@ def test_an_overrunning_drain_is_released_anyway(clock: FakeClock) -> None:
 
 
 def test_stopping_without_release_lets_the_lease_expire(clock: FakeClock) -> None:
-    election, events = machine(clock)
-    elected(election, clock)
+    election, events, _ = leading(clock)
     assert election.finish(release=False) == Wait(0.0)  # no drain asked for, nothing to send
     assert events.log[-1] == ("lost", 7, "stopped")
 
 
 def test_rotation_releases_then_sits_out_the_cooldown(clock: FakeClock) -> None:
-    election, _ = machine(clock, cooldown=2.0)
-    ld = elected(election, clock)
+    election, _, ld = leading(clock, cooldown=2.0)
     assert election.rotate()
     action = election.tick()
     assert action == Release(ld) and ld.reason == "released"  # no drain: demoted, then released
@@ -277,10 +280,8 @@ def test_rotation_releases_then_sits_out_the_cooldown(clock: FakeClock) -> None:
 
 
 def test_max_tenure_rotates_on_its_own(clock: FakeClock) -> None:
-    election, events = machine(clock, max_tenure=4.0)
-    ld = elected(election, clock)
-    clock.advance(RENEW_INTERVAL)
-    action = renew(election)
+    election, events, ld = leading(clock, max_tenure=4.0)
+    action = renew_due(election, clock)
     election.renewed(action, lease(ld.holder), sent_at=clock.monotonic())
     assert election.tick() == Wait(1.0)  # the tenure's end comes before the next renewal
     clock.advance(1.0)
@@ -291,10 +292,8 @@ def test_max_tenure_rotates_on_its_own(clock: FakeClock) -> None:
 def test_resign_hands_its_release_to_the_caller_without_disturbing_the_step(
     clock: FakeClock,
 ) -> None:
-    election, events = machine(clock)
-    ld = elected(election, clock)
-    clock.advance(RENEW_INTERVAL)
-    in_flight = renew(election)  # the elector thread is inside a renewal
+    election, events, ld = leading(clock)
+    in_flight = renew_due(election, clock)  # the elector thread is inside a renewal
     release = election.resign(5.0, leadership=ld)
     assert release == Release(ld) and events.log[-1] == ("lost", 7, "failed")
     assert election.released(release, True) == Wait(0.0)  # from the resigning thread
@@ -356,8 +355,7 @@ def test_the_gate_holds_contends_back_and_hears_when_each_returned(clock: FakeCl
 
 
 def test_a_crashed_step_demotes_a_leader(clock: FakeClock) -> None:
-    election, events = machine(clock)
-    elected(election, clock)
+    election, events, _ = leading(clock)
     wait = election.crashed(RuntimeError("bug"))
     assert wait == Wait(RETRY, for_release=True)
     assert events.log[-1] == ("lost", 7, "lost") and election.health.last_error is not None
@@ -365,8 +363,7 @@ def test_a_crashed_step_demotes_a_leader(clock: FakeClock) -> None:
 
 def test_the_machine_starts_no_thread(clock: FakeClock) -> None:
     threads = threading.active_count()
-    election, _ = machine(clock)
-    elected(election, clock)
+    election, _, _ = leading(clock)
     election.rotate()
     action = election.tick()
     assert isinstance(action, Release)

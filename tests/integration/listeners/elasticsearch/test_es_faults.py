@@ -21,17 +21,16 @@ def test_429_for_30_percent_of_items_loses_nothing_and_bad_documents_are_dead_le
     coll, db = docs, docs.database.name
     dead = DeadLetterStore(client, database=f"dl{db}")
     with BulkRejectingProxy(es_url, reject_ratio=0.3, seed=3) as proxy:
-        listener = ElasticsearchSync(
-            database=db,
-            collection="docs",
-            es=proxy.url,
+        listener, ctx = es_support.sync_with_tenure(
+            client,
+            coll,
+            proxy.url,
             backoff_base=0.01,
             backoff_max=0.2,
             mappings={"properties": {"n": {"type": "long"}}},
             dead_letters=dead,
             bulk_actions=200,
         )
-        ctx = es_support.Tenures(listener.lease_name).next(client)
         start = cluster_time(client)
         es_support.random_workload(client, coll, 1500, seed=9, ids=400)
         coll.insert_one({"_id": "bad", "n": "not a number", "ok": False})

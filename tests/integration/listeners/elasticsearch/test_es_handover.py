@@ -11,7 +11,6 @@ import pymongo
 import pytest
 
 from listeners.base import ListenerContext
-from listeners.elasticsearch import ElasticsearchSync
 from listeners.runtime.handover import HandoverInterrupted
 from singleton.drivers.mongo import cluster_time
 from tests.integration import es_support
@@ -22,21 +21,15 @@ from tests.integration.es_proxy import BulkHoldingProxy
 def test_a_batch_waiting_on_the_sink_stops_when_a_handover_begins(
     pipelined: bool, client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
 ) -> None:
-    coll, db = docs, docs.database.name
+    coll = docs
     start = cluster_time(client)
     coll.insert_many([{"_id": i, "n": i} for i in range(30)])
     batch = next(es_support.events_until_marker(coll, start, batch_size=30, timeout=30))
     with BulkHoldingProxy(es_url) as proxy:
         # a full window: the batch waits for room (pipelined) or for its answer (not)
-        listener = ElasticsearchSync(
-            database=db,
-            collection="docs",
-            es=proxy.url,
-            concurrency=1,
-            bulk_actions=10,
-            pipelined=pipelined,
+        listener, base = es_support.sync_with_tenure(
+            client, coll, proxy.url, concurrency=1, bulk_actions=10, pipelined=pipelined
         )
-        base = es_support.Tenures(listener.lease_name).next(client)
         draining = threading.Event()
         ctx = ListenerContext(
             base.leadership, client, base.logger, base.listener_name, draining=draining

@@ -7,9 +7,11 @@ indexed are dead-lettered in the copy and the stream alike."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pymongo
+import pytest
 
 from listeners.deadletters import DeadLetterStore
 from listeners.elasticsearch import ElasticsearchSync
@@ -41,18 +43,25 @@ class SwapSpy:
         self.inner.close()
 
 
+@pytest.fixture
+def http(es_url: str) -> Iterator[Transport]:
+    """A plain transport on the session's osmem-server, closed after the test."""
+    transport = connect(es_url)
+    yield transport
+    transport.close()
+
+
 def _alias_targets(http: Transport, alias: str) -> list[str]:
     status, body = http.request("GET", f"/_alias/{alias}")
     return sorted(body) if status == 200 else []
 
 
 def test_resync_drops_what_was_deleted_meanwhile_and_readers_see_the_old_index_until_the_swap(
-    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
+    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any, http: Transport
 ) -> None:
     coll, db = docs, docs.database.name
     coll.insert_many([{"_id": i, "n": i} for i in range(300)])
     tenures = es_support.Tenures(f"{db}.docs")
-    http = connect(es_url)
     first = ElasticsearchSync(database=db, collection="docs", es=es_url)
     alias = first.index_name
     first.initial_sync(tenures.next(client))
@@ -99,14 +108,12 @@ def test_resync_drops_what_was_deleted_meanwhile_and_readers_see_the_old_index_u
     assert diff.mongo_count == 300 - 50 - 2 + 10
     first.close()
     second.close()
-    http.close()
 
 
 def test_a_plain_index_of_an_earlier_version_is_adopted_by_the_first_resync(
-    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
+    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any, http: Transport
 ) -> None:
     coll, db = docs, docs.database.name
-    http = connect(es_url)
     listener = ElasticsearchSync(database=db, collection="docs", es=es_url)
     alias = listener.index_name
     assert http.request("PUT", f"/{alias}", b'{"settings":{"index.gc_deletes":"60s"}}')[0] == 200
@@ -128,7 +135,6 @@ def test_a_plain_index_of_an_earlier_version_is_adopted_by_the_first_resync(
     diff = compare(coll, es_url, alias)
     assert diff.ok, diff  # "gone" went with the plain index
     listener.close()
-    http.close()
 
 
 def test_unindexable_documents_are_dead_lettered_in_the_copy_and_the_stream(
@@ -141,8 +147,7 @@ def test_unindexable_documents_are_dead_lettered_in_the_copy_and_the_stream(
         [{"_id": i, "n": i} for i in range(30)]
         + [{"_id": long_id, "n": 1}, {"_id": "nan", "a": {"b": [1.0, float("nan")]}}]
     )
-    listener = ElasticsearchSync(database=db, collection="docs", es=es_url, dead_letters=dead)
-    ctx = es_support.Tenures(listener.lease_name).next(client)
+    listener, ctx = es_support.sync_with_tenure(client, coll, es_url, dead_letters=dead)
     listener.initial_sync(ctx)
     start = cluster_time(client)
     coll.insert_many(
