@@ -20,7 +20,7 @@ from singleton.lease.contract import LeaseBackend
 from singleton.lease.facts import validate_facts
 from singleton.lease.fires import FireClaim, validate_claim
 from singleton.lease.leases import Lease, LeaseState, validate_lease_args
-from singleton.lease.notify import ReleaseNotifier
+from singleton.lease.notify import NotifiedReleases, ReleaseNotifier
 
 
 class FakeClock:
@@ -53,7 +53,7 @@ class _Entry:
     expires_at: float
 
 
-class MemoryLeaseBackend(LeaseBackend):
+class MemoryLeaseBackend(NotifiedReleases, LeaseBackend):
     """The contract in one process, with expiry on the injected clock (exact at the boundary:
     a lease granted at ``t`` with ``ttl`` is live for ``t <= now < t + ttl``).
 
@@ -69,7 +69,7 @@ class MemoryLeaseBackend(LeaseBackend):
         self._counters: dict[str, int] = {}
         self._facts: dict[str, dict[str, str]] = {}
         self._fires: dict[str, list[FireClaim]] = {}
-        self._notifier = ReleaseNotifier()
+        self._releases: ReleaseNotifier = ReleaseNotifier()
         self._membership = MemoryMembership(self.clock)
         #: Every operation, for tests that count round trips: (operation, name).
         self.calls: list[tuple[str, str]] = []
@@ -123,7 +123,7 @@ class MemoryLeaseBackend(LeaseBackend):
             if entry is None or entry.holder != lease.holder or entry.token != lease.token:
                 return False
             del self._leases[lease.name]
-        self._notifier.notify(lease.name)
+        self._releases.notify(lease.name)
         return True
 
     def inspect(self, name: str) -> LeaseState | None:
@@ -139,24 +139,10 @@ class MemoryLeaseBackend(LeaseBackend):
         with self._lock:  # one round trip, as on a server: not counted as an inspect
             return self._state(name)
 
-    def wait_for_release(
-        self,
-        name: str,
-        timeout: float,
-        wake: threading.Event | None = None,
-        *,
-        since: int | None = None,
-    ) -> bool:
-        validate_lease_args(name)
-        return self._notifier.wait(name, timeout, wake, since)
-
-    def release_mark(self, name: str) -> int:
-        return self._notifier.mark(name)
-
     def has_waiters(self, name: str) -> bool:
         """Whether a candidate waits for ``name``'s release now (a release before it waits is
         seen only by a wait given a :meth:`release_mark` read before that release)."""
-        return self._notifier.has_waiters(name)
+        return self._releases.has_waiters(name)
 
     def remember(self, name: str, facts: Mapping[str, str | int]) -> None:
         fields = validate_facts(name, facts)

@@ -49,6 +49,7 @@ from listeners.runtime.tenure import TenureSettings, TenureWorker
 from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.drivers import mongo
 from singleton.errors import ConfigurationError, SingletonError, StaleWriterError
+from singleton.options import reject_unknown
 from singleton.retry import Backoff
 
 if TYPE_CHECKING:
@@ -169,6 +170,7 @@ class ListenerRunner:
         client_or_url: MongoClient[dict[str, Any]] | str,
         **options: Unpack[RunnerOptions],
     ) -> None:
+        reject_unknown("ListenerRunner", options, RunnerOptions.__optional_keys__)
         o = RunnerSettings(**options)
         o.validate(elector)
         self.listener, self.elector, self.name = listener, elector, listener.lease_name

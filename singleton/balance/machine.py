@@ -37,7 +37,6 @@ that failed goes to :meth:`~Balancing.unreachable`. Before contending an elector
 
 from __future__ import annotations
 
-import difflib
 import enum
 import math
 import threading
@@ -52,6 +51,7 @@ from singleton.election.leadership import Leadership
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.lease.membership import Member
 from singleton.lease.timings import LeaseTimings
+from singleton.options import reject_unknown
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
@@ -130,15 +130,6 @@ class BalanceOptions(TypedDict, total=False):
     busy: Callable[[str], bool] | None
 
 
-def _check_options(options: Mapping[str, object]) -> None:
-    known = BalanceOptions.__annotations__
-    for key in options:
-        if key not in known:
-            near = difflib.get_close_matches(key, known, n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise TypeError(f"Balancer() got an unexpected keyword argument {key!r}{hint}")
-
-
 @dataclass
 class _Seen:
     members: list[Member] = field(default_factory=list)
@@ -154,7 +145,7 @@ class Balancing:
     def __init__(
         self, identity: str, timings: LeaseTimings, **options: Unpack[BalanceOptions]
     ) -> None:
-        _check_options(options)
+        reject_unknown("Balancer", options, BalanceOptions.__annotations__)
         settle = options.get("settle")
         warmup = options.get("warmup")
         self.identity = identity

@@ -8,7 +8,6 @@ unknown keyword is a ``TypeError``, as it would be for any function, with a near
 
 from __future__ import annotations
 
-import difflib
 import os
 import random
 import socket
@@ -21,6 +20,7 @@ from singleton.election.gate import Gate
 from singleton.errors import ConfigurationError
 from singleton.lease.contract import HOLDER_SEPARATOR
 from singleton.lease.timings import LeaseTimings
+from singleton.options import reject_unknown
 from singleton.retry import Backoff
 
 if TYPE_CHECKING:
@@ -97,15 +97,6 @@ def _check_jitter(jitter: object) -> float:
     return float(jitter)
 
 
-def _reject_unknown(options: dict[str, object]) -> None:
-    known = ElectorOptions.__annotations__
-    for key in options:
-        if key not in known:
-            near = difflib.get_close_matches(key, known, n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise TypeError(f"Elector() got an unexpected keyword argument {key!r}{hint}")
-
-
 @dataclass(frozen=True)
 class ElectorSettings:
     """Everything an election needs besides its backend and lease name, checked once.
@@ -133,7 +124,7 @@ class ElectorSettings:
     def of(cls, **options: Unpack[ElectorOptions]) -> ElectorSettings:
         """Fill the defaults and validate; raises :class:`ConfigurationError` naming a bad
         value, ``TypeError`` for an unknown option."""
-        _reject_unknown(dict(options))
+        reject_unknown("Elector", options, ElectorOptions.__annotations__)
         identity = _check_identity(options.get("identity"))
         jitter = _check_jitter(options.get("jitter", 0.1))
         given: dict[str, Any] = {k: v for k, v in options.items() if k in _TIMING_KEYS}

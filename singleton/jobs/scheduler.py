@@ -46,6 +46,7 @@ from singleton.jobs.fire import ClaimingExecutor, FireRunner, JobFunction, JobSt
 from singleton.jobs.triggers import ANCHOR, due_fire_times, from_ms, next_fire_after
 from singleton.lease.contract import LeaseBackend
 from singleton.lease.timings import LeaseTimings
+from singleton.options import reject_unknown
 from singleton.retry import Backoff
 
 if TYPE_CHECKING:
@@ -87,9 +88,7 @@ class LeaderScheduler:
     """
 
     def __init__(self, backend: LeaseBackend, **options: Unpack[SchedulerOptions]) -> None:
-        unknown = sorted(set(options) - SchedulerOptions.__optional_keys__)
-        if unknown:
-            raise TypeError(f"LeaderScheduler() got unexpected keyword argument(s) {unknown}")
+        reject_unknown("LeaderScheduler", options, SchedulerOptions.__optional_keys__)
         self.backend = backend
         self._gate = options.get("gate")
         self.identity = options.get("identity") or default_identity()

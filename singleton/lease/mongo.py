@@ -183,7 +183,7 @@ class MongoLeaseBackend(ServerLeaseBackend):
         )
         self._checked = False
         self._resume: Mapping[str, Any] | None = None
-        self._feed = ReleaseFeed(
+        self._releases = ReleaseFeed(
             f"singleton-mongo-watch-{database}.{collection}",
             f"release change stream {self._url} {database}.{collection}",
             self._stream,
@@ -224,7 +224,7 @@ class MongoLeaseBackend(ServerLeaseBackend):
             doc = self._coll.find_one_and_update(_owned_by(lease), update, projection={"_id": 1})
         if doc is None:
             return False
-        self._feed.notify(lease.name)  # local waiters need not wait for the stream
+        self._releases.notify(lease.name)  # local waiters need not wait for the stream
         return True
 
     def inspect(self, name: str) -> LeaseState | None:
@@ -296,7 +296,7 @@ class MongoLeaseBackend(ServerLeaseBackend):
         return f"mongo {self._url} {self.database}.{self.collection}"
 
     def close(self) -> None:
-        self._feed.close(POLL_MS / 1000 + self._timeout)
+        self._releases.close(POLL_MS / 1000 + self._timeout)
         if self._owned:
             with contextlib.suppress(perr.PyMongoError):
                 self._client.close()
@@ -307,8 +307,8 @@ class MongoLeaseBackend(ServerLeaseBackend):
             with self._coll.watch(
                 _RELEASES, max_await_time_ms=POLL_MS, resume_after=self._resume
             ) as stream:
-                self._feed.opened()
-                while not self._feed.closed.is_set():
+                self._releases.opened()
+                while not self._releases.closed.is_set():
                     change = stream.try_next()
                     self._resume = stream.resume_token
                     if change is not None:
@@ -331,7 +331,7 @@ class MongoLeaseBackend(ServerLeaseBackend):
             released = fields.get("holder") is None
         if released and isinstance(name, str):
             logger.debug("release observed: lease={}", name)
-            self._feed.notify(name)
+            self._releases.notify(name)
 
     # -- helpers ----------------------------------------------------------------------------
     def _upsert(self, op: str, name: str, write: Callable[[], _T]) -> _T:

@@ -22,12 +22,18 @@ from collections.abc import Callable
 
 from loguru import logger
 
+from singleton.lease.leases import validate_lease_args
 from singleton.redact import redact
 from singleton.retry import Backoff
 
 #: Delays between attempts to reopen a feed that went down: 0.1 s doubling up to 5 s.
 REOPEN_BASE = 0.1
 REOPEN_CAP = 5.0
+
+
+#: What cuts a wait short besides a release (``None``: nothing), and a release mark to wait past.
+Wake = threading.Event | None
+Mark = int | None
 
 
 class _Waiter:
@@ -66,13 +72,7 @@ class ReleaseNotifier:
         with self._lock:
             return self._marks.get(name, 0)
 
-    def wait(
-        self,
-        name: str,
-        timeout: float,
-        wake: threading.Event | None = None,
-        since: int | None = None,
-    ) -> bool:
+    def wait(self, name: str, timeout: float, wake: Wake = None, since: Mark = None) -> bool:
         """Until :meth:`notify` (``True``), ``timeout`` or ``wake``; ``True`` at once if the
         :meth:`mark` of ``name`` moved past ``since`` already."""
         waiter = _Waiter(wake if wake is not None else threading.Event())
@@ -136,13 +136,7 @@ class ReleaseFeed:
         self._backoff.reset()
         logger.debug("listening: {}", self._what)
 
-    def wait(
-        self,
-        name: str,
-        timeout: float,
-        wake: threading.Event | None = None,
-        since: int | None = None,
-    ) -> bool:
+    def wait(self, name: str, timeout: float, wake: Wake = None, since: Mark = None) -> bool:
         """:meth:`~singleton.lease.leases.Leases.wait_for_release` on this feed."""
         if since is not None and self._notifier.mark(name) > since:
             return True
@@ -201,3 +195,20 @@ class ReleaseFeed:
                 self.closed.wait(delay)
             finally:
                 self._tried.set()
+
+
+class NotifiedReleases:
+    """:meth:`~singleton.lease.leases.Leases.wait_for_release` and ``release_mark`` for a backend
+    whose releases reach it through ``_releases`` (a :class:`ReleaseNotifier` in one process, a
+    :class:`ReleaseFeed` from a server): put it before the contract among the bases."""
+
+    _releases: ReleaseNotifier | ReleaseFeed
+
+    def wait_for_release(
+        self, name: str, timeout: float, wake: Wake = None, *, since: Mark = None
+    ) -> bool:
+        validate_lease_args(name)
+        return self._releases.wait(name, timeout, wake, since)
+
+    def release_mark(self, name: str) -> int:
+        return self._releases.mark(name)

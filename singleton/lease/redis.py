@@ -237,7 +237,7 @@ class RedisLeaseBackend(ServerLeaseBackend):
         self._release = self._client.register_script(RELEASE)
         self._inspect = self._client.register_script(INSPECT)
         self._claim_fire = self._client.register_script(CLAIM_FIRE)
-        self._feed = ReleaseFeed(
+        self._releases = ReleaseFeed(
             f"singleton-redis-pubsub-{namespace}",
             f"release subscription {self._url} channel={self._channel}",
             self._subscription,
@@ -319,7 +319,7 @@ class RedisLeaseBackend(ServerLeaseBackend):
         return f"redis {self._url} namespace={self.namespace}"
 
     def close(self) -> None:
-        self._feed.close(POLL + DEFAULT_TIMEOUT)
+        self._releases.close(POLL + DEFAULT_TIMEOUT)
         if self._owned:
             with contextlib.suppress(rex.RedisError, OSError):
                 self._client.close()
@@ -337,7 +337,7 @@ class RedisLeaseBackend(ServerLeaseBackend):
         pubsub.subscribe(self._channel)
         heard = time.monotonic()
         pinged = False
-        while not self._feed.closed.is_set():
+        while not self._releases.closed.is_set():
             message = pubsub.get_message(timeout=POLL)
             now = time.monotonic()
             if message is None:
@@ -351,9 +351,9 @@ class RedisLeaseBackend(ServerLeaseBackend):
             heard, pinged = now, False
             kind = _text(message.get("type"))
             if kind == "subscribe":
-                self._feed.opened()
+                self._releases.opened()
             elif kind == "message":
-                self._feed.notify(_text(message["data"]))
+                self._releases.notify(_text(message["data"]))
 
     # -- helpers ---------------------------------------------------------------------------
     def _translate(self, op: str, name: str) -> contextlib.AbstractContextManager[None]:

@@ -9,18 +9,17 @@ Both answer :meth:`~singleton.lease.leases.Leases.contend` in one atomic round t
 
 from __future__ import annotations
 
-import threading
 from abc import abstractmethod
 
 from singleton.lease.contract import LeaseBackend
-from singleton.lease.leases import Lease, LeaseState, validate_lease_args
-from singleton.lease.notify import ReleaseFeed
+from singleton.lease.leases import Lease, LeaseState
+from singleton.lease.notify import NotifiedReleases, ReleaseFeed
 
 
-class ServerLeaseBackend(LeaseBackend):
-    """A backend whose ``contend`` is one round trip and whose releases arrive on ``_feed``."""
+class ServerLeaseBackend(NotifiedReleases, LeaseBackend):
+    """A backend whose ``contend`` is one round trip and whose releases arrive on ``_releases``."""
 
-    _feed: ReleaseFeed
+    _releases: ReleaseFeed
 
     @abstractmethod
     def contend(self, name: str, holder: str, ttl: float) -> Lease | LeaseState | None: ...
@@ -28,17 +27,3 @@ class ServerLeaseBackend(LeaseBackend):
     def try_acquire(self, name: str, holder: str, ttl: float) -> Lease | None:
         result = self.contend(name, holder, ttl)
         return result if isinstance(result, Lease) else None
-
-    def wait_for_release(
-        self,
-        name: str,
-        timeout: float,
-        wake: threading.Event | None = None,
-        *,
-        since: int | None = None,
-    ) -> bool:
-        validate_lease_args(name)
-        return self._feed.wait(name, timeout, wake, since)
-
-    def release_mark(self, name: str) -> int:
-        return self._feed.mark(name)
