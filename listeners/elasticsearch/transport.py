@@ -203,7 +203,8 @@ def _node_config(url: str, auth: Mapping[str, str], **options: Any) -> elastic_t
     return dataclasses.replace(parsed, path_prefix=prefix, headers=headers, **options)
 
 
-def connect(
+# One keyword per connection option a user sets (``es_*`` config keys, elasticsearch-py's names).
+def connect(  # noqa: PLR0913
     urls: str | Sequence[str],
     *,
     api_key: str | tuple[str, str] | None = None,

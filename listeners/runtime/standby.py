@@ -37,7 +37,8 @@ class StandbyChecker:
     ``on_seen`` is told of every checkpoint found, so that the runner knows one existed (a
     claim that later finds none reports it as disappeared)."""
 
-    def __init__(
+    # Built by the runner alone, from what it already holds: a settings value would only rename it.
+    def __init__(  # noqa: PLR0913
         self,
         client: Any,
         checkpoints: CheckpointStore,

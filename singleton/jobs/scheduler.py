@@ -120,20 +120,7 @@ class LeaderScheduler:
         **trigger_args: Any,
     ) -> None:
         """Add a job (paused until this replica holds its lease ``name``)."""
-        if not callable(func):
-            raise ConfigurationError(f"job {name!r}: {func!r} is not callable")
-        if name in self._jobs:
-            raise ConfigurationError(f"job names must be unique, repeated: {name}")
-        if isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 0:
-            raise ConfigurationError(f"job {name!r}: max_failures must be an int >= 0")
-        if misfire_grace_time is not None and (
-            isinstance(misfire_grace_time, bool)
-            or not isinstance(misfire_grace_time, (int, float))
-            or not misfire_grace_time > 0
-        ):
-            raise ConfigurationError(
-                f"job {name!r}: misfire_grace_time must be None or > 0, got {misfire_grace_time!r}"
-            )
+        self._check_job(func, name, misfire_grace_time, max_failures)
         if trigger == "interval":
             trigger_args.setdefault("start_date", ANCHOR)
         elector = Elector(
@@ -181,6 +168,24 @@ class LeaderScheduler:
         self._jobs[name] = job
         if self._started:  # added to a running scheduler: campaign now
             elector.start()
+
+    def _check_job(
+        self, func: JobFunction, name: str, misfire_grace_time: float | None, max_failures: int
+    ) -> None:
+        if not callable(func):
+            raise ConfigurationError(f"job {name!r}: {func!r} is not callable")
+        if name in self._jobs:
+            raise ConfigurationError(f"job names must be unique, repeated: {name}")
+        if isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 0:
+            raise ConfigurationError(f"job {name!r}: max_failures must be an int >= 0")
+        if misfire_grace_time is not None and (
+            isinstance(misfire_grace_time, bool)
+            or not isinstance(misfire_grace_time, (int, float))
+            or not misfire_grace_time > 0
+        ):
+            raise ConfigurationError(
+                f"job {name!r}: misfire_grace_time must be None or > 0, got {misfire_grace_time!r}"
+            )
 
     @property
     def names(self) -> list[str]:

@@ -35,7 +35,7 @@ from singleton.latency import LatencySnapshot
 
 if TYPE_CHECKING:
     from singleton.balance.balancer import Balancer
-    from singleton.service.replica import Replica
+    from singleton.service.replica import Hosted, Replica
 
 #: Status attributes exported as metrics, keyed by the label naming their subject (a listener's
 #: ``lease``: RunnerStatus; a ``job``: JobStatus) and the attribute: (metric name, help, counter?).
@@ -108,6 +108,95 @@ def _exported(subject: str) -> dict[str, tuple[str, str, bool]]:
 RUNNER_METRICS = _exported("lease")
 
 
+def _elector_families(hosted: list[Hosted]) -> Iterator[Metric]:
+    """Each hosted lease's elector: leadership, token, transitions, renewals, store errors."""
+    leader = GaugeMetricFamily("singleton_is_leader", "1 while leading", labels=["lease"])
+    token = GaugeMetricFamily("singleton_fencing_token", "Current token", labels=["lease"])
+    trans = CounterMetricFamily(
+        "singleton_transitions", "Leadership transitions", labels=["lease", "kind"]
+    )
+    renew = HistogramMetricFamily(
+        "singleton_renew_latency_seconds", "Renewal round trips", labels=["lease"]
+    )
+    renew_fail = CounterMetricFamily(
+        "singleton_renew_failures", "Renewals that failed", labels=["lease"]
+    )
+    store_errors = CounterMetricFamily(
+        "singleton_lease_store_errors",
+        "Lease store calls that failed, by kind (transient: unreachable or timed out; "
+        "fatal: refused credentials or permissions, a misconfiguration)",
+        labels=["lease", "kind"],
+    )
+    resigned = CounterMetricFamily(
+        "singleton_resignations", "Tenures resigned because the work failed", labels=["lease"]
+    )
+    for h in hosted:
+        ld = h.elector.leadership
+        leader.add_metric([h.name], 1.0 if ld is not None else 0.0)
+        if ld is not None:
+            token.add_metric([h.name], float(ld.token))
+        stats = h.elector.stats
+        trans.add_metric([h.name, "elected"], stats.elections)
+        trans.add_metric([h.name, "lost"], stats.losses)
+        _observe(renew, h.name, stats.renew_latency.snapshot())
+        renew_fail.add_metric([h.name], stats.renew_failures)
+        fatal = stats.fatal_errors
+        transient = max(0, stats.contend_failures + stats.renew_failures - fatal)
+        store_errors.add_metric([h.name, "transient"], transient)
+        store_errors.add_metric([h.name, "fatal"], fatal)
+        resigned.add_metric([h.name], stats.resignations)
+    yield from (leader, token, trans, renew, renew_fail, store_errors, resigned)
+
+
+def _runner_families(hosted: list[Hosted], now: float) -> Iterator[Metric]:
+    """Each hosted lease's runner: lag, batches, the sink's errors and bytes, dead letters."""
+    lag = GaugeMetricFamily(
+        "singleton_lag_seconds",
+        "Now minus the cluster time of the newest position the leader acknowledged",
+        labels=["lease"],
+    )
+    batch = HistogramMetricFamily(
+        "singleton_batch_latency_seconds",
+        "Seconds a batch took to deliver to the sink, retries included",
+        labels=["lease"],
+    )
+    sink_errors = CounterMetricFamily(
+        "singleton_sink_errors",
+        "Sink errors by kind: handle_batch (calls that raised and were retried), and the "
+        "sink's own (ElasticsearchSync: unavailable, rejected, item_retried, item_conflict, "
+        "dead_lettered)",
+        labels=["lease", "kind"],
+    )
+    sent = CounterMetricFamily(
+        "singleton_sink_bytes",
+        "Bytes sent to the sink (request bodies, retries included), for sinks that count "
+        "them (ElasticsearchSync)",
+        labels=["lease"],
+    )
+    dead = CounterMetricFamily(
+        "singleton_dead_letters",
+        "Dead letters written: poison events and documents the sink refused for good",
+        labels=["lease"],
+    )
+    runners: list[tuple[str, Any]] = []
+    for h in hosted:
+        status = h.runner.status()
+        runners.append((h.name, status))
+        _observe(batch, h.name, status.batch_latency)
+        kinds = sink_error_counts(getattr(h.runner, "listener", None))
+        for kind, n in {"handle_batch": status.sink_errors, **kinds}.items():
+            sink_errors.add_metric([h.name, kind], n)
+        dead.add_metric([h.name], status.dead_lettered + kinds.get("dead_lettered", 0))
+        nbytes = sink_bytes(getattr(h.runner, "listener", None))
+        if nbytes is not None:
+            sent.add_metric([h.name], nbytes)
+        behind = status.lag_seconds(now)
+        if behind is not None:
+            lag.add_metric([h.name], behind)
+    yield from (lag, batch, sink_errors, sent, dead)
+    yield from _status_families("lease", runners)
+
+
 def _status_families(subject: str, statuses: Iterable[tuple[str, Any]]) -> list[Metric]:
     """The families of ``subject``'s status attributes, with a sample per ``(label value,
     status)`` whose attribute is known (not yet: no sample)."""
@@ -132,87 +221,9 @@ class ReplicaCollector:
         self.replica = replica
 
     def collect(self) -> Iterator[Metric]:
-        leader = GaugeMetricFamily("singleton_is_leader", "1 while leading", labels=["lease"])
-        token = GaugeMetricFamily("singleton_fencing_token", "Current token", labels=["lease"])
-        trans = CounterMetricFamily(
-            "singleton_transitions", "Leadership transitions", labels=["lease", "kind"]
-        )
-        renew = HistogramMetricFamily(
-            "singleton_renew_latency_seconds", "Renewal round trips", labels=["lease"]
-        )
-        renew_fail = CounterMetricFamily(
-            "singleton_renew_failures", "Renewals that failed", labels=["lease"]
-        )
-        store_errors = CounterMetricFamily(
-            "singleton_lease_store_errors",
-            "Lease store calls that failed, by kind (transient: unreachable or timed out; "
-            "fatal: refused credentials or permissions, a misconfiguration)",
-            labels=["lease", "kind"],
-        )
-        resigned = CounterMetricFamily(
-            "singleton_resignations", "Tenures resigned because the work failed", labels=["lease"]
-        )
-        lag = GaugeMetricFamily(
-            "singleton_lag_seconds",
-            "Now minus the cluster time of the newest position the leader acknowledged",
-            labels=["lease"],
-        )
-        batch = HistogramMetricFamily(
-            "singleton_batch_latency_seconds",
-            "Seconds a batch took to deliver to the sink, retries included",
-            labels=["lease"],
-        )
-        sink_errors = CounterMetricFamily(
-            "singleton_sink_errors",
-            "Sink errors by kind: handle_batch (calls that raised and were retried), and the "
-            "sink's own (ElasticsearchSync: unavailable, rejected, item_retried, item_conflict, "
-            "dead_lettered)",
-            labels=["lease", "kind"],
-        )
-        sent = CounterMetricFamily(
-            "singleton_sink_bytes",
-            "Bytes sent to the sink (request bodies, retries included), for sinks that count "
-            "them (ElasticsearchSync)",
-            labels=["lease"],
-        )
-        dead = CounterMetricFamily(
-            "singleton_dead_letters",
-            "Dead letters written: poison events and documents the sink refused for good",
-            labels=["lease"],
-        )
-        now = time.time()
-        runners: list[tuple[str, Any]] = []
-        for h in self.replica.hosted:
-            ld = h.elector.leadership
-            leader.add_metric([h.name], 1.0 if ld is not None else 0.0)
-            if ld is not None:
-                token.add_metric([h.name], float(ld.token))
-            stats = h.elector.stats
-            trans.add_metric([h.name, "elected"], stats.elections)
-            trans.add_metric([h.name, "lost"], stats.losses)
-            _observe(renew, h.name, stats.renew_latency.snapshot())
-            renew_fail.add_metric([h.name], stats.renew_failures)
-            fatal = stats.fatal_errors
-            transient = max(0, stats.contend_failures + stats.renew_failures - fatal)
-            store_errors.add_metric([h.name, "transient"], transient)
-            store_errors.add_metric([h.name, "fatal"], fatal)
-            resigned.add_metric([h.name], stats.resignations)
-            status = h.runner.status()
-            runners.append((h.name, status))
-            _observe(batch, h.name, status.batch_latency)
-            kinds = sink_error_counts(getattr(h.runner, "listener", None))
-            for kind, n in {"handle_batch": status.sink_errors, **kinds}.items():
-                sink_errors.add_metric([h.name, kind], n)
-            dead.add_metric([h.name], status.dead_lettered + kinds.get("dead_lettered", 0))
-            nbytes = sink_bytes(getattr(h.runner, "listener", None))
-            if nbytes is not None:
-                sent.add_metric([h.name], nbytes)
-            behind = status.lag_seconds(now)
-            if behind is not None:
-                lag.add_metric([h.name], behind)
-        yield from (leader, token, trans, renew, renew_fail, store_errors, resigned, lag, batch)
-        yield from (sink_errors, sent, dead)
-        yield from _status_families("lease", runners)
+        hosted = self.replica.hosted
+        yield from _elector_families(hosted)
+        yield from _runner_families(hosted, time.time())
         jobs = [] if self.replica.jobs is None else self.replica.jobs.status()
         yield from _status_families("job", [(job.name, job) for job in jobs])
         yield from _balance_families(getattr(self.replica, "balancer", None))

@@ -199,11 +199,7 @@ def test_the_checker_sees_a_violation() -> None:
 # -- size ------------------------------------------------------------------------------------
 
 #: "module:qualified.name" -> why its body may be longer than MAX_FUNCTION_LINES
-LONG_FUNCTIONS: dict[str, str] = {
-    # arch-pending: owner refactoring
-    "singleton.jobs.scheduler:LeaderScheduler.add_job": "arch-pending: owner refactoring",
-    "singleton.service.metrics:ReplicaCollector.collect": "arch-pending: owner refactoring",
-}
+LONG_FUNCTIONS: dict[str, str] = {}
 
 
 def _functions(
