@@ -140,6 +140,8 @@ def test_overrunning_drain_releases_and_the_successor_replays_the_tail(
         wait_until(a_listener.blocked.is_set, 10, what="A blocked in handle_batch")
         a.elector.rotate()
         wait_until(lambda: b.elector.is_leader, 10, what="B elected")
+        # A reports its release once the store confirmed it, which can come after B's election
+        wait_until(lambda: bool(released), 5, what="A's release reported")
         assert released == [(a_token, True)], "the lease was not released"
         wait_until(lambda: len(b_listener.keys()) >= 60, 20, what="B handles events")
         handled_before = len(a_listener.keys())
