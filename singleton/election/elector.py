@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
+from singleton.election.actions import Action, Contend, Contended, Drain, Release, Renew, Wait
 from singleton.election.callbacks import (
     BeforeRelease,
     OnElected,
@@ -32,16 +33,7 @@ from singleton.election.callbacks import (
 )
 from singleton.election.health import ElectorStats
 from singleton.election.leadership import Leadership
-from singleton.election.machine import (
-    Action,
-    Contend,
-    Contended,
-    Drain,
-    Election,
-    Release,
-    Renew,
-    Wait,
-)
+from singleton.election.machine import Election
 from singleton.election.settings import (
     ElectorOptions,
     ElectorSettings,

@@ -12,17 +12,9 @@ from typing import Any
 
 import pytest
 
+from singleton.election.actions import Action, Contend, Contended, Drain, Release, Renew, Wait
 from singleton.election.leadership import Leadership
-from singleton.election.machine import (
-    Action,
-    Contend,
-    Contended,
-    Drain,
-    Election,
-    Release,
-    Renew,
-    Wait,
-)
+from singleton.election.machine import Election
 from singleton.election.settings import ElectorOptions, ElectorSettings
 from singleton.errors import BackendUnavailableError, PermissionDeniedError
 from singleton.lease.contract import Lease, LeaseState
