@@ -31,7 +31,7 @@ from singleton.election.actions import Action, Contend, Contended, Drain, Releas
 from singleton.election.callbacks import Callbacks
 from singleton.election.health import ElectorStats, StoreHealth
 from singleton.election.leadership import Leadership
-from singleton.election.settings import ElectorSettings
+from singleton.election.settings import EXPIRY_MARGIN, ElectorSettings
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.lease.contract import HOLDER_SEPARATOR, Lease, identity_of
 
@@ -295,8 +295,13 @@ class Election:
         self._observe(None if held is None else held.holder)
         if held is None:  # held a moment ago, free now: try again at once
             return Wait(0.0)
+        # Contend again when the lease runs out by the store's own clock (the holder's last
+        # renewal decides it; a release wakes us sooner), or after retry_interval if the holder
+        # keeps renewing. Counted from now, after the answer came back: never early, by at most
+        # the return trip late.
+        retry = self._backoff.jittered(self.timings.retry_interval)
         return self._waiting(
-            self._backoff.jittered(self.timings.retry_interval), since=result.release_mark
+            min(retry, held.ttl_remaining + EXPIRY_MARGIN), since=result.release_mark
         )
 
     def _lead(self, ld: Leadership) -> Action:

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 #: The contend backoff doubles from ``retry_interval`` up to this (or ``retry_interval``).
 MAX_RETRY_BACKOFF = 30.0
+#: A refused follower contends again this long after the lease's remaining ttl, as the store
+#: reported it, has run out: room for the store's clock (Redis and MongoDB keep milliseconds).
+EXPIRY_MARGIN = 0.01
 
 
 def default_identity() -> str:

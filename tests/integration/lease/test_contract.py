@@ -317,6 +317,36 @@ class TestLeases:
             a.stop()
 
 
+def test_a_follower_takes_over_a_crashed_holder_at_its_expiry_not_a_retry_later(
+    backend: LeaseBackend,
+) -> None:
+    """A refused contend learns from the store when the lease runs out, and the follower comes
+    back then: with a 30 s ``retry_interval`` the takeover still follows the expiry closely."""
+    ttl = 1.0
+    before = time.monotonic()
+    crashed = backend.try_acquire("job", "crashed/1", ttl)  # and never renews nor releases
+    assert crashed is not None
+    elected = threading.Event()
+    tenures: list[tuple[Leadership, float]] = []
+
+    def on_elected(ld: Leadership) -> None:
+        tenures.append((ld, time.monotonic()))
+        elected.set()
+
+    follower = Elector(backend, "job", identity="b", ttl=10.0, retry_interval=30.0)
+    follower.subscribe(on_elected=on_elected)
+    try:
+        follower.start()
+        assert elected.wait(10), "the follower waited for retry_interval, not the expiry"
+        ld, at = tenures[0]
+        assert ld.token > crashed.token
+        # The store's ttl started after `before`: never granted sooner. The bound after it is
+        # the margin plus round trips and scheduling on a loaded box, far below retry_interval.
+        assert ttl <= at - before <= ttl + 0.5, at - before
+    finally:
+        follower.stop()
+
+
 class TestReleases:
     """:class:`~singleton.lease.leases.Leases`, its release half: waits, wakes and release
     marks; every backend takes ``since``."""

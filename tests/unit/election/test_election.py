@@ -12,7 +12,7 @@ import pytest
 
 from singleton import ConfigurationError, Elector, Leadership, LeaseLostError
 from singleton.election.elector import BeforeRelease
-from singleton.election.settings import MAX_RETRY_BACKOFF
+from singleton.election.settings import EXPIRY_MARGIN, MAX_RETRY_BACKOFF
 from singleton.errors import PermissionDeniedError
 from singleton.lease.contract import Lease
 from singleton.testing import FakeClock
@@ -66,6 +66,28 @@ def test_follower_observes_leader_and_waits_retry_interval(
     assert follower.tick() == pytest.approx(2.0)
     assert not follower.is_leader
     assert rec.events == [("leader", "lead")]
+
+
+def test_a_follower_takes_over_a_crashed_leader_at_the_lease_expiry_exactly(
+    backend: FlakyBackend, clock: FakeClock
+) -> None:
+    leader = make(backend, clock, identity="lead")  # ttl 9, renew every 3
+    leader.tick()
+    clock.advance(3.0)
+    leader.tick()  # the last renewal: the lease now runs out 9 s from here
+    expiry = clock.monotonic() + 9.0
+    rec = Recorder()
+    follower = make(backend, clock, rec, identity="follow", retry_interval=2.0)
+    clock.advance(0.5)  # the leader is gone (it never ticks again)
+    delays = refused_campaigns(follower, clock, 4)  # each refusal: the ceiling, retry_interval
+    assert delays == [2.0, 2.0, 2.0, 2.0]
+    last = follower.tick()  # 0.5 s left by the store's clock: come back then, not in 2 s
+    assert last == pytest.approx(0.5 + EXPIRY_MARGIN, abs=1e-9) and not follower.is_leader
+    clock.advance(last)
+    assert clock.monotonic() == pytest.approx(expiry + EXPIRY_MARGIN, abs=1e-9)
+    follower.tick()
+    assert_leads(follower)
+    assert rec.events[-1][:2] == ("elected", "follow")
 
 
 def test_restarted_process_with_same_identity_does_not_inherit_the_lease(

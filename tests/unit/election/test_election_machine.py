@@ -15,7 +15,7 @@ import pytest
 from singleton.election.actions import Action, Contend, Contended, Drain, Release, Renew, Wait
 from singleton.election.leadership import Leadership
 from singleton.election.machine import Election
-from singleton.election.settings import ElectorOptions, ElectorSettings
+from singleton.election.settings import EXPIRY_MARGIN, ElectorOptions, ElectorSettings
 from singleton.errors import BackendUnavailableError, PermissionDeniedError
 from singleton.lease.contract import Lease, LeaseState
 from singleton.testing import FakeClock
@@ -189,6 +189,29 @@ def test_a_refused_contend_follows_the_holder_and_waits_for_a_release(clock: Fak
     assert election.contended(action, answer) == Wait(RETRY, for_release=True, since=11)
     assert events.log == [("leader", "b")] and election.leadership is None
     assert isinstance(election.tick(), Contend)  # woken (by a release or the timeout): again
+
+
+def test_a_refused_contend_comes_back_when_the_store_says_the_lease_runs_out(
+    clock: FakeClock,
+) -> None:
+    election, _ = machine(clock)
+    action = contend(election)
+    held = LeaseState("job", "b/1", 3, 0.25)  # the holder stopped renewing 8.75 s ago
+    answer = Contended.of(held, sent_at=clock.monotonic(), release_mark=4)
+    # At the store's expiry plus the clock margin, not after retry_interval (1 s); a release
+    # still wakes it sooner.
+    wait = election.contended(action, answer)
+    assert wait == Wait(0.25 + EXPIRY_MARGIN, for_release=True, since=4)
+    clock.advance(wait.seconds)
+    action = contend(election)
+    # A holder that renewed meanwhile: its new expiry lies past retry_interval, which is the
+    # ceiling, so a renewing holder costs one contend per retry_interval.
+    renewed = Contended.of(LeaseState("job", "b/1", 3, TTL), sent_at=clock.monotonic())
+    assert election.contended(action, renewed) == Wait(RETRY, for_release=True)
+    action = contend(election)
+    # Right at the boundary: never sooner than the margin, never a busy loop.
+    at_zero = Contended.of(LeaseState("job", "b/1", 3, 0.0), sent_at=clock.monotonic())
+    assert election.contended(action, at_zero) == Wait(EXPIRY_MARGIN, for_release=True)
 
 
 def test_a_lease_that_vanished_between_the_calls_is_contended_again_at_once(
