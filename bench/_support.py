@@ -86,21 +86,32 @@ def three_replicas(config: Path, root: Path) -> dict[str, ReplicaProcess]:
 
 class Replicas(NamedTuple):
     """Three running replicas, their lease store (namespace ``bench``), a client on their
-    SecantusDB, and the event that stops a benchmark's load threads."""
+    SecantusDB, the event that stops a benchmark's load threads, and the servers' URLs (keys
+    ``redis``, ``mongo``, ``es``)."""
 
     procs: dict[str, ReplicaProcess]
     backend: RedisLeaseBackend
     client: pymongo.MongoClient[dict[str, Any]]
     stop: threading.Event
+    urls: dict[str, str]
+
+
+#: The ``[lease]`` timings of the benchmarks' replicas unless one gives its own.
+BENCH_TIMINGS = """ttl = 4.0
+renew_interval = 1.0
+renew_deadline = 2.5
+retry_interval = 1.0"""
 
 
 def replica_config(
     root: Path, urls: dict[str, str], listener: str, settings: str = "", lease: str = ""
 ) -> Path:
-    """``root/singleton.toml``: Redis leases (namespace ``bench``, ttl 4 s) and one
-    ``elasticsearch`` listener ``listener`` mirroring ``bench.orders`` into the index of that
-    name, on the servers ``urls`` names (``redis``, ``mongo``, ``es``); ``settings`` and
-    ``lease`` are more TOML lines for the top and the ``[lease]`` table."""
+    """``root/singleton.toml``: Redis leases (namespace ``bench``, :data:`BENCH_TIMINGS` unless
+    ``lease`` gives a ``ttl``: then ``lease`` alone) and one ``elasticsearch`` listener
+    ``listener`` mirroring ``bench.orders`` into the index of that name, on the servers ``urls``
+    names (``redis``, ``mongo``, ``es``); ``settings`` and ``lease`` are more TOML lines for the
+    top and the ``[lease]`` table."""
+    timings = "" if "ttl =" in lease else BENCH_TIMINGS
     config = root / "singleton.toml"
     config.write_text(
         f"""backend = "redis"
@@ -112,10 +123,7 @@ log_level = "INFO"
 {settings}
 
 [lease]
-ttl = 4.0
-renew_interval = 1.0
-renew_deadline = 2.5
-retry_interval = 1.0
+{timings}
 {lease}
 
 [[listeners]]
@@ -149,7 +157,7 @@ def running_replicas(
     try:
         for p in procs.values():
             p.start()
-        yield Replicas(procs, backend, client, stop)
+        yield Replicas(procs, backend, client, stop, urls)
     finally:
         stop.set()
         for p in procs.values():

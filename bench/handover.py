@@ -85,7 +85,7 @@ def main() -> dict[str, Any]:
     drain = "" if DRAIN is None else f"drain_timeout = {float(DRAIN)}\n"
     settings = f'{drain}checkpoint_store = "{CHECKPOINTS}"'
     replicas = running_replicas("bench-handover-", LEASE, settings, lease="cooldown = 1.0")
-    with replicas as (procs, backend, client, stop):
+    with replicas as (procs, backend, client, stop, _):
         written = [0]
 
         def writer() -> None:

@@ -23,7 +23,7 @@ ROUNDS = 10
 
 
 def main() -> dict[str, Any]:
-    with running_replicas("bench-service-", LEASE) as (procs, backend, client, stop):
+    with running_replicas("bench-service-", LEASE) as (procs, backend, client, stop, _):
         written = [0]
 
         def writer() -> None:  # ~1,000 inserts/s in batches of 50
