@@ -8,6 +8,10 @@ password. It also hides the values of secret query parameters (``password=``, an
 ``*_password=`` such as a Sentinel URL's ``sentinel_password=``,
 ``authMechanismProperties=``...). When in doubt it hides more, never less: the test suite
 searches generated passwords (``tests/unit/test_redaction.py``).
+
+What no redaction can hide is a piece of a password that a URL parser took for a host or a port
+(a raw ``#`` ends the host part there): :func:`userinfo_cut_short` finds such URLs, and every
+URL key refuses them before a parser sees them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ _QUERY_SECRETS = re.compile(
     re.IGNORECASE,
 )
 MASK = "***"
+#: The fix for a user name or password that a URL parser would cut short.
+PERCENT_ENCODE = (
+    "percent-encode the user name and password (urllib.parse.quote(password, safe='')):"
+    " `#` as %23, `/` as %2F, `?` as %3F, `@` as %40, `%` as %25, a space as %20"
+)
 
 
 def _userinfo(userinfo: str) -> str:
@@ -63,3 +72,28 @@ def redact(text: str) -> str:
         pos = at
     out.append(text[pos:])
     return "".join(out)
+
+
+def userinfo_cut_short(url: str, ends: str = "/?#") -> bool:
+    """Whether a parser that ends a URL's authority at the first of ``ends`` (``urlsplit``
+    does at ``/``, ``?`` and ``#``) would end it inside the userinfo, as :func:`redact` finds it:
+    the rest of the password would then be read as a host, a port, a path, a query or a fragment,
+    and shown as one in the parser's errors and in every later message about that "host".
+    Callers refuse such a URL, saying :data:`PERCENT_ENCODE`. (A raw ``@`` followed by something
+    host-shaped in a path, a query or a fragment counts too: when in doubt, refuse.)"""
+    match = _SCHEME.match(url)
+    if match is None:
+        return False
+    start = match.end()
+    cut = min((i for i in (url.find(c, start) for c in ends) if i >= 0), default=len(url))
+    nxt = _NEXT_URL.search(url, start)
+    return _end_of_userinfo(url, start, len(url) if nxt is None else nxt.start()) > cut
+
+
+def cut_short(url: str) -> str:
+    """What to say of a URL :func:`userinfo_cut_short` refused: the URL redacted, and the fix."""
+    return (
+        f"the user name or password in {redact(url)!r} holds a character that ends a URL's host"
+        f" part (a raw `/`, `?` or `#`), so the rest of it would be read as host, port or path:"
+        f" {PERCENT_ENCODE}"
+    )

@@ -31,7 +31,7 @@ from singleton.errors import (
     PermissionDeniedError,
     SingletonError,
 )
-from singleton.redact import redact
+from singleton.redact import cut_short, redact, userinfo_cut_short
 
 if TYPE_CHECKING:
     from pymongo import MongoClient
@@ -228,6 +228,8 @@ def client(
         raise ConfigurationError(
             f"expected a pymongo.MongoClient or a URL string, got {type(client_or_url)!r}"
         )
+    if userinfo_cut_short(client_or_url, "/?"):  # pymongo reads a raw '#' in a password
+        raise ConfigurationError(f"invalid MongoDB URL: {cut_short(client_or_url)}")
     ms = max(1, int(timeouts.connect * 1000))
     try:
         built: MongoClient[dict[str, Any]] = pymongo.MongoClient(

@@ -35,7 +35,7 @@ from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from singleton.errors import ConfigurationError
-from singleton.redact import redact
+from singleton.redact import cut_short, redact, userinfo_cut_short
 
 SENTINEL_SCHEME = "redis+sentinel://"
 SENTINEL_TLS_SCHEME = "rediss+sentinel://"
@@ -98,6 +98,8 @@ def parse_sentinel_url(url: str) -> SentinelURL:
 
     if not is_sentinel_url(url):
         raise bad(f"must start with {SENTINEL_SCHEME} or {SENTINEL_TLS_SCHEME}")
+    if userinfo_cut_short(url):  # else a piece of the password would be read as a host
+        raise ConfigurationError(f"invalid Redis Sentinel URL: {cut_short(url)}")
     tls = url.startswith(SENTINEL_TLS_SCHEME)
     rest = url[len(SENTINEL_TLS_SCHEME if tls else SENTINEL_SCHEME) :]
     if "#" in rest:
@@ -192,6 +194,8 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
     connections."""
     if not isinstance(url, str) or not url.startswith(SCHEMES):
         raise ConfigurationError(f"not a Redis URL ({', '.join(SCHEMES)}): {redact(str(url))}")
+    if userinfo_cut_short(url):  # else a piece of the password would be read as a host or port
+        raise ConfigurationError(f"invalid Redis URL: {cut_short(url)}")
     if is_sentinel_url(url):
         parts = parse_sentinel_url(url)
         sentinel_kwargs = {k: v for k, v in options.items() if k.startswith("socket_")}

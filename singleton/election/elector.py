@@ -152,14 +152,14 @@ class Elector:
             if self._started:
                 return self
             self._started = True
-        logger.info(
-            "elector starting: lease={} identity={} ttl={} renew_interval={} renew_deadline={}"
-            " backend={}",
+        logger.info(  # seconds as people write them (1.67s, not 1.6666666666666667)
+            "elector starting: lease={} identity={} ttl={:g}s renew_interval={:g}s"
+            " renew_deadline={:g}s backend={}",
             self.name,
             self.identity,
-            self.ttl,
-            self.renew_interval,
-            self.renew_deadline,
+            round(self.ttl, 2),
+            round(self.renew_interval, 2),
+            round(self.renew_deadline, 2),
             self.backend.describe(),
         )
         for target, suffix in ((self._run, "elector"), (self._watch, "watchdog")):

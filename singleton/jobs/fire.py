@@ -5,11 +5,18 @@ module is what happens to each one it hands over, and the order is what makes a 
 at most once per claim and exactly once across a takeover: the claim is the only gate, taken in
 the store under the job's lease (holder *and* token) before the call, and refused for a fire time
 at or before the latest claimed one. A claim with an unknown outcome is not run.
+
+An async job (a coroutine function, or any callable returning an awaitable) is run to completion
+on its job thread, in an event loop of its own per call (``asyncio.run``), so that it claims,
+counts, drains and loses its lease exactly as a sync call does: the job thread is busy until it
+returns or raises.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import inspect
 import threading
 import traceback
 from collections import deque
@@ -39,6 +46,27 @@ from singleton.retry import Backoff
 JobFunction = Callable[[JobContext], Any]
 #: APScheduler's name for the one job store the scheduler uses (in memory, per replica).
 JOBSTORE = "default"
+
+
+def call_job(func: JobFunction, ctx: JobContext) -> Any:
+    """``func(ctx)``; when that is an awaitable (an async job), what it returns once run to
+    completion in an event loop of its own."""
+    result = func(ctx)
+    if not inspect.isawaitable(result):
+        return result
+    awaitable = result
+
+    async def complete() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # a job thread: no loop runs here
+        return asyncio.run(complete())
+    # LeaderScheduler.tick() called from a coroutine: that loop is this thread's, and busy
+    # until tick() returns, so the job gets a loop on a thread of its own.
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="singleton-job") as pool:
+        return pool.submit(asyncio.run, complete()).result()
 
 
 class ClaimingExecutor(BasePoolExecutor):  # type: ignore[misc]
@@ -200,7 +228,7 @@ class FireRunner:
         logger.debug("job {} running fire time {} token={}", job.name, fire.isoformat(), ld.token)
         started = self.now()
         try:
-            retval = job.func(JobContext(job.name, ld.token, fire, ld))
+            retval = call_job(job.func, JobContext(job.name, ld.token, fire, ld))
         except Exception as exc:
             return self._failed(job, ld, fire, late, exc)
         finally:

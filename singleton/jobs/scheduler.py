@@ -28,6 +28,7 @@ from "now" (and not before its grant on the store's clock), skipping the fire ti
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -58,6 +59,13 @@ __all__ = ["JobContext", "JobStatus", "LeaderScheduler", "SchedulerOptions"]
 KEEP_CLAIMS = 100
 
 
+def _describe(func: Any) -> str:
+    """``module:qualname``, as a ``[[jobs]]`` table's ``use`` names it."""
+    module = getattr(func, "__module__", None)
+    qualname = getattr(func, "__qualname__", None)
+    return f"{module}:{qualname}" if module and qualname else repr(func)
+
+
 class SchedulerOptions(TypedDict, total=False):
     """The keyword options of ``LeaderScheduler(backend, **options)``; every one is optional.
 
@@ -82,7 +90,9 @@ class LeaderScheduler:
 
     ``add_job(func, trigger, name=..., **trigger_args)`` as with APScheduler (``"interval"``
     counts from :data:`~singleton.jobs.triggers.ANCHOR` unless given a ``start_date``); ``func``
-    is called as ``func(ctx)`` with a :class:`JobContext`. ``max_failures`` consecutive calls
+    is called as ``func(ctx)`` with a :class:`JobContext`; an ``async def`` one (or any callable
+    returning an awaitable) is run to completion on its job thread with ``asyncio.run``, as a
+    sync call would be (a generator function is refused). ``max_failures`` consecutive calls
     that raise fail the tenure (one ERROR, the lease resigned for a cooldown doubling from
     ``max(ttl, 1 s)`` to ``max_failure_cooldown``); 0 never does.
     """
@@ -174,6 +184,11 @@ class LeaderScheduler:
     ) -> None:
         if not callable(func):
             raise ConfigurationError(f"job {name!r}: {func!r} is not callable")
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            raise ConfigurationError(
+                f"job {name!r}: {_describe(func)} is a generator function: calling it runs none"
+                " of its code; make it a plain function or an `async def` without `yield`"
+            )
         if name in self._jobs:
             raise ConfigurationError(f"job names must be unique, repeated: {name}")
         if isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 0:

@@ -21,7 +21,7 @@ from singleton.balance.balancer import Balancer
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.jobs.scheduler import LeaderScheduler
 from singleton.lease.contract import LeaseBackend
-from singleton.redact import redact
+from singleton.redact import cut_short, redact, userinfo_cut_short
 from singleton.service.config import Config, ListenerConfig
 from singleton.service.registry import job_function, listener_kind
 
@@ -31,6 +31,10 @@ def build_listener(lc: ListenerConfig, config: Config) -> ChangeStreamListener:
     the service settings its kind declares (Elasticsearch URL and credentials, lease ttl) fill
     in what the table did not set."""
     kind = listener_kind(lc.use)
+    for option, value in lc.options.items():  # a URL of the table's own, as `es = "https://..."`
+        urls = value.split(",") if isinstance(value, str) else []  # es: a list of them
+        if any(userinfo_cut_short(url.strip()) for url in urls):
+            raise ConfigurationError(f"listener {lc.use!r}: {option}: {cut_short(value)}")
     options = dict(lc.options)
     for option, key in kind.service_options.items():
         table, _, sub = key.partition(".")
@@ -40,6 +44,7 @@ def build_listener(lc: ListenerConfig, config: Config) -> ChangeStreamListener:
     try:
         return kind.cls(**options)
     except SingletonError:
+        _require_database(lc, kind.cls)  # a missing database, said as where to add it
         raise
     except Exception as exc:  # a user's __init__ may raise anything: name the listener
         raise ConfigurationError(f"listener {lc.use!r}: {type(exc).__name__}: {exc}") from exc
@@ -58,17 +63,29 @@ def listener_name(lc: ListenerConfig) -> str:
 
     name, database, collection = option("name"), option("database"), option("collection")
     if name is None:
-        if not isinstance(database, str) or not database:
-            raise ConfigurationError(
-                f"listener {lc.use!r}: database must be a database name, got {database!r}"
-                " (in its table or on its class, where singleton status reads it)"
-            )
+        _require_database(lc, cls)
         return f"{database}.{collection or '*'}"
     if not isinstance(name, str) or not name:
         raise ConfigurationError(
             f"listener {lc.use!r}: name must be a non-empty string, got {name!r}"
         )
     return name
+
+
+def _require_database(lc: ListenerConfig, cls: type[ChangeStreamListener]) -> None:
+    """A listener watches one database: refuse a table that names none, saying where to."""
+    database = lc.options.get("database", cls.database)
+    if database is None:
+        raise ConfigurationError(
+            f'listener {lc.use!r} has no database to watch: add `database = "<name>"` to its'
+            " [[listeners]] table (or `-o database=<name>` after --listener), or set `database`"
+            " on the class"
+        )
+    if not isinstance(database, str) or not database:
+        raise ConfigurationError(
+            f"listener {lc.use!r}: database must be a database name, got {database!r}"
+            " (in its [[listeners]] table or on its class, where singleton status reads it)"
+        )
 
 
 def lease_names(config: Config) -> list[str]:

@@ -7,18 +7,21 @@ message names the key, the value and the rule).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
 from bson import json_util
+from loguru import logger
 
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.redact import redact
 from singleton.service.config import Config, LeaseConfig, TestSwitches, load_config
+from singleton.service.imports import own_packages_first, use_app_dir
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -36,14 +39,18 @@ def _common(p: argparse.ArgumentParser) -> None:
     _listener_flags(p)
 
 
-def _connection(p: argparse.ArgumentParser) -> None:
-    """The configuration file and what overrides it: stores, namespace, timings, logs."""
+def _config_file(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", help="singleton.toml (default: $SINGLETON_CONFIG)")
     p.add_argument(
         "--app-dir",
         default=".",
         help="import 'module:Class' listeners from here first (default: the current directory)",
     )
+
+
+def _connection(p: argparse.ArgumentParser) -> None:
+    """The configuration file and what overrides it: stores, namespace, timings, logs."""
+    _config_file(p)
     p.add_argument("--backend", help="lease store: redis or mongo")
     p.add_argument("--redis-url")
     p.add_argument("--mongo-url")
@@ -107,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
         "dead-letters", help="list, replay or purge what a listener could not handle"
     )
     letters.add_argument("action", choices=("list", "replay", "purge"))
-    _connection(letters)
+    _config_file(letters)  # dead letters live in MongoDB, in the namespace's database
+    letters.add_argument("--mongo-url")
+    letters.add_argument("--namespace")
     letters.add_argument("--listener", dest="listener_name", metavar="NAME", required=True)
     letters.add_argument("--json", action="store_true")
     demo = sub.add_parser("demo", help="the whole thing on embedded servers, with a verdict")
@@ -132,9 +141,7 @@ def _parse_value(text: str) -> Any:
 
 
 def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Config:
-    app_dir = os.path.abspath(getattr(args, "app_dir", None) or ".")
-    if app_dir not in sys.path:  # as uvicorn does: your own modules resolve by name
-        sys.path.insert(0, app_dir)
+    use_app_dir(getattr(args, "app_dir", None) or ".")  # your own modules resolve by name
     overrides: dict[str, Any] = {}
     for dest, key in FLAG_KEYS.items():
         value = getattr(args, dest, None)
@@ -159,9 +166,14 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str] | None = 
     if listeners:
         overrides["listeners"] = listeners
     env = dict(os.environ) if environ is None else environ
-    path = args.config or env.get("SINGLETON_CONFIG")
+    path = config_path(args, env)
     env.pop("SINGLETON_CONFIG", None)
     return load_config(path, env, overrides)
+
+
+def config_path(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """The configuration file: ``--config``, else ``$SINGLETON_CONFIG``, else none."""
+    return getattr(args, "config", None) or environ.get("SINGLETON_CONFIG") or None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -178,9 +190,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             metrics = MetricsServer(replica, config.metrics_address).start()
         except OSError as exc:
-            raise ConfigurationError(
-                f"metrics_address {config.metrics_address!r} cannot be served: {exc.strerror}"
-            ) from None
+            raise ConfigurationError(_unservable(config.metrics_address, exc)) from None
+        logger.info("serving /metrics, /healthz, /readyz and /status at {}", metrics.url)
     try:
         return replica.run()
     finally:
@@ -188,11 +199,30 @@ def cmd_run(args: argparse.Namespace) -> int:
             metrics.stop()
 
 
+def _unservable(address: str, exc: OSError) -> str:
+    why = f"metrics_address {address!r} cannot be served: {exc.strerror}"
+    if exc.errno != errno.EADDRINUSE:
+        return why
+    return (
+        f"{why} (another replica on this machine?): give each replica its own port with"
+        " --metrics-address HOST:PORT (or SINGLETON_METRICS_ADDRESS), or set"
+        ' metrics_address = "127.0.0.1:0" to take a free one (each replica logs its URL)'
+    )
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    from singleton.service.status import cluster_status, format_status
+    from singleton.service.status import cluster_status, describe_store, format_status, store_entry
 
     config = config_from_args(args)
-    status = cluster_status(config, args.lease)
+    path = config_path(args, os.environ)
+    if path is None and not (config.listeners or config.jobs or args.lease):
+        print(  # noqa: T201
+            "singleton: note: no --config (nor $SINGLETON_CONFIG), so no listeners or jobs:"
+            f" reading the lease store {describe_store(store_entry(config, None))}; pass"
+            " --config singleton.toml to see yours",
+            file=sys.stderr,
+        )
+    status = cluster_status(config, args.lease, config_file=path)
     print(json.dumps(status, default=str) if args.json else format_status(status))  # noqa: T201
     return EXIT_FAILED if status["errors"] else EXIT_OK
 
@@ -317,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "drill": cmd_drill,
     }
     try:
+        own_packages_first()  # before any handler imports them
         return int(handlers[args.command](args))
     except ConfigurationError as exc:
         print(f"singleton: error: {redact(str(exc))}", file=sys.stderr)  # noqa: T201

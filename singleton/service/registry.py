@@ -3,13 +3,11 @@
 The one module that names the core's backends and the listeners' classes together (the layers
 below never import the service). Adding a lease backend is one entry in :data:`BACKENDS`; adding
 a sink is one entry in :data:`LISTENERS`. Names resolve kombu-style: an alias, or
-``"pkg.module:Attr"`` for a user's own class, with "did you mean" on a near miss.
+``"pkg.module:Attr"`` for a user's own class (:func:`~singleton.service.imports.resolve`).
 """
 
 from __future__ import annotations
 
-import difflib
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -22,6 +20,7 @@ from singleton.errors import ConfigurationError
 from singleton.lease.contract import LeaseBackend
 from singleton.lease.mongo import MongoLeaseBackend
 from singleton.lease.redis import RedisLeaseBackend
+from singleton.service.imports import resolve
 
 if TYPE_CHECKING:
     from singleton.service.config import Config
@@ -79,32 +78,6 @@ def make_checkpoint_store(
     return MongoCheckpointStore(
         mongo_client, database=config.namespace, unsafe_disable_fencing=unsafe_disable_fencing
     )
-
-
-def resolve(spec: str, aliases: Mapping[str, Any], what: str) -> Any:
-    """An alias, or ``"pkg.module:Attr"`` -> the object it names."""
-    if spec in aliases:
-        return aliases[spec]
-    if ":" not in spec:
-        near = difflib.get_close_matches(spec, list(aliases), n=1, cutoff=0.5)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        known = ", ".join(sorted(aliases))
-        raise ConfigurationError(
-            f"unknown {what} {spec!r}: use an alias ({known}) or 'pkg.module:Class'{hint}"
-        )
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import {what} {spec!r}: {exc}") from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        near = difflib.get_close_matches(attr, dir(module), n=1)
-        hint = f"; did you mean {module_name}:{near[0]}?" if near else ""
-        raise ConfigurationError(
-            f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}{hint}"
-        ) from None
 
 
 def listener_kind(spec: str) -> ListenerKind:

@@ -25,7 +25,7 @@ from singleton.lease.membership import Member
 from singleton.redact import redact
 from singleton.service.assembly import lease_names
 from singleton.service.config import Config, JobConfig
-from singleton.service.registry import make_backend, make_checkpoint_store
+from singleton.service.registry import BACKENDS, make_backend, make_checkpoint_store
 
 #: Seconds the whole command may take.
 DEFAULT_TIMEOUT = 5.0
@@ -69,18 +69,24 @@ def _members_entry(backend: LeaseBackend) -> dict[str, Any]:
 def _members(
     live: list[Member], leases: list[dict[str, Any]], listener_leases: int
 ) -> dict[str, Any]:
-    """The live replicas (heartbeats on the store's clock) and the leases each holds now."""
+    """The live replicas (heartbeats on the store's clock) and the leases each holds now.
+
+    Each live entry carries its heartbeat's ``held`` and ``cooling`` as reported, its ``leases``
+    (the number of lease records naming it holder now, as ``held`` by identity counts them)
+    and ``balanced`` (the leases it balances over: what its heartbeat calls ``leases``)."""
     total = listener_leases + sum(1 for lease in leases if "next_fire" in lease)
     held: dict[str, list[str]] = {m.identity: [] for m in live}
     for lease in leases:
         if lease["identity"] is not None:
             held.setdefault(lease["identity"], []).append(lease["name"])
+    renamed = {"leases": "balanced"}
     return {
         "live": [
             {
                 "identity": m.identity,
                 "ttl_remaining": round(m.ttl_remaining, 3),
-                **{k: int(v) if v.isdigit() else v for k, v in m.info.items()},
+                **{renamed.get(k, k): int(v) if v.isdigit() else v for k, v in m.info.items()},
+                "leases": len(held[m.identity]),
             }
             for m in live
         ],
@@ -101,12 +107,32 @@ def _checkpoint_entry(store: Any, name: str) -> dict[str, Any]:
     }
 
 
+def store_entry(config: Config, config_file: str | None) -> dict[str, Any]:
+    """Which stores ``status`` read (URLs redacted) and the file that named them (``None``:
+    defaults, ``SINGLETON_*`` and flags only)."""
+    url_key, _ = BACKENDS[config.backend]
+    checkpoint_key, _ = BACKENDS[config.checkpoint_store]
+    return {
+        "config": config_file,
+        "backend": config.backend,
+        "url": redact(getattr(config, url_key)),
+        "namespace": config.namespace,
+        "checkpoint_store": config.checkpoint_store,
+        "checkpoint_url": redact(getattr(config, checkpoint_key)),
+    }
+
+
 def cluster_status(
-    config: Config, extra_leases: list[str] | None = None, *, timeout: float = DEFAULT_TIMEOUT
+    config: Config,
+    extra_leases: list[str] | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    config_file: str | None = None,
 ) -> dict[str, Any]:
-    """``{"leases": [...], "checkpoints": [...], "jobs": [...], "errors": [...]}`` for every
-    configured listener (and ``extra_leases``) and job, read in parallel within ``timeout``
-    seconds in all. Builds no listener: their lease names come from the configuration."""
+    """``{"store": {...}, "leases": [...], "checkpoints": [...], "jobs": [...], "errors": [...]}``
+    for every configured listener (and ``extra_leases``) and job, read in parallel within
+    ``timeout`` seconds in all (``store``: :func:`store_entry`). Builds no listener: their lease
+    names come from the configuration."""
     listener_names = lease_names(config)
     names = listener_names + list(extra_leases or [])
     backend = make_backend(config)
@@ -141,6 +167,7 @@ def cluster_status(
         job_entries = _collect("job", jobs, errors)
         seen = _collect("membership", members, errors)
         return {
+            "store": store_entry(config, config_file),
             "leases": lease_entries,
             "checkpoints": entries,
             "jobs": job_entries,
@@ -192,6 +219,12 @@ def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[s
     return [line(headers), *(line(r) for r in rows)]
 
 
+def describe_store(store: dict[str, Any]) -> str:
+    """One line: the lease store read, its namespace, and where that came from."""
+    where = f"config {store['config']}" if store["config"] else "no config file"
+    return f"{store['backend']} {store['url']}, namespace {store['namespace']} ({where})"
+
+
 def format_status(status: dict[str, Any]) -> str:
     lease_rows = []
     for lease in status["leases"]:
@@ -213,7 +246,8 @@ def format_status(status: dict[str, Any]) -> str:
         age = "-" if cp["age_seconds"] is None else f"{cp['age_seconds']:.1f}s"
         token = "-" if cp["fencing_token"] is None else str(cp["fencing_token"])
         cp_rows.append([cp["name"], when, age, token])
-    lines = _table(["LEASE", "HOLDER", "TOKEN", "TTL LEFT"], lease_rows, {2, 3})
+    lines = [f"store: {describe_store(status['store'])}", ""] if "store" in status else []
+    lines += _table(["LEASE", "HOLDER", "TOKEN", "TTL LEFT"], lease_rows, {2, 3})
     lines.append("")
     lines += _table(["CHECKPOINT", "CLUSTER TIME (UTC)", "AGE", "TOKEN"], cp_rows, {2, 3})
     if status.get("jobs"):

@@ -3,7 +3,9 @@ printable characters, written into URLs raw or percent-encoded, checked against 
 that can show a URL: ``redact`` itself, the exit-2 message, ``Config.redacted()`` (what status and
 logs show of the configuration), a lease backend's description (in every log line about it) and
 the JSON log format. The URLs include Redis Sentinel's, whose Sentinels have a password of their
-own (``sentinel_password=``)."""
+own (``sentinel_password=``). Passwords made of pieces joined by ``#``, ``/``, ``?``, ``@``, ``%``,
+spaces or non-ASCII are searched piece by piece in every URL key's parser errors, which once
+quoted a piece as a port."""
 
 from __future__ import annotations
 
@@ -128,3 +130,119 @@ def test_json_logs_pass_messages_through_redaction(capsys: pytest.CaptureFixture
     assert "s3cr3t-pw" not in out.out + out.err
     [line] = [json.loads(x) for x in out.err.splitlines() if x.strip()]
     assert "redis://:***@cache:6379/0" in line["text"]
+
+
+#: A password made of distinctive pieces joined by what URL parsers read as the end of a host
+#: part or mangle (``#``, ``/``, ``?``, ``@``, ``%``, a space, non-ASCII). A parser that cut such a
+#: URL short quoted a *piece* in its own error (``Port could not be cast to integer value as
+#: 'pre'``), which no search for the whole password finds: these tests search for every piece.
+#: Pieces that look like ports (digits) are the worst case: the URL then parses, wrongly.
+PIECES = st.one_of(
+    st.text(alphabet=string.ascii_letters + string.digits, min_size=3, max_size=8).map(
+        lambda s: f"Zq{s}"
+    ),
+    st.integers(1000, 65535).map(str),
+)
+SEPARATORS = st.sampled_from(["#", "/", "?", "@", "%", " ", "é", "#/", "?#", "@#", "%zz"])
+
+
+@st.composite
+def split_passwords(draw: st.DrawFn) -> tuple[str, list[str]]:
+    pieces = draw(st.lists(PIECES, min_size=2, max_size=3, unique=True))
+    password = pieces[0] + "".join(draw(SEPARATORS) + piece for piece in pieces[1:])
+    return password, pieces
+
+
+def _leaks_a_piece(text: str, password: str, pieces: list[str]) -> bool:
+    return _leaks(text, password) or any(piece in text for piece in pieces)
+
+
+def _url_key(url: str) -> str:
+    if url.startswith("mongodb"):
+        return "mongo_url"
+    return "es_url" if url.startswith("http") else "redis_url"
+
+
+def _driver_channels(url: str) -> list[str]:
+    """What the drivers show of ``url``: their error, else their description of the client.
+    (Elasticsearch URLs reach a client only through the service's checks: ``es_url`` and a
+    listener table's own URL options are refused before ``listeners.elasticsearch`` parses
+    them.)"""
+    from singleton.drivers import mongo
+    from singleton.drivers.redis import client_from_url, describe_client
+    from singleton.errors import SingletonError
+
+    key = _url_key(url)
+    try:
+        if key == "redis_url":
+            client = client_from_url(url)
+            shown = describe_client(client)
+            client.close()
+        elif key == "mongo_url":
+            built, _ = mongo.client(url)
+            shown = repr(built.topology_description)
+            built.close()
+        else:
+            return []
+    except SingletonError as exc:
+        shown = str(exc)
+    return [shown]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(secret=split_passwords())
+def test_parser_errors_never_show_a_piece_of_it(
+    secret: tuple[str, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every URL key (redis_url, Sentinel URLs, mongo_url, es_url), raw and percent-encoded:
+    the exit-2 message, the configuration error, ``Config.redacted()`` and what ``status``
+    names (``store``), and the drivers' own errors and descriptions."""
+    from singleton.errors import ConfigurationError
+    from singleton.service.status import describe_store, store_entry
+
+    password, pieces = secret
+    _assume_distinct(password)
+    skeleton = " ".join(TEMPLATES)
+    assume(not any(piece in skeleton for piece in pieces))
+    for url in _urls(password):
+        key = _url_key(url)
+        shown = [redact(f"connecting to {url} failed")]
+        try:
+            config = load_config(environ={"SINGLETON_" + key.upper(): url})
+        except ConfigurationError as exc:
+            shown.append(str(exc))
+            assert main(["status", "--" + key.replace("_", "-"), url]) == 2
+            out = capsys.readouterr()
+            shown += [out.out, out.err]
+        else:
+            shown.append(json.dumps(config.redacted()))
+            store = store_entry(config, None)
+            shown += [json.dumps(store), describe_store(store)]
+        shown += _driver_channels(url)
+        for text in shown:
+            assert not _leaks_a_piece(text, password, pieces), (url, text)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://u:pre#post@cache.internal/0",
+        "redis://u:1234#post@cache.internal/0",  # parsed as host u, port 1234 before
+        "redis+sentinel://:pre/post@s1.internal:26379/mymaster/0",
+        "redis+sentinel://:pre?post@s1.internal:26379/mymaster/0",
+        "mongodb://app:pre/post@db.internal/",
+        "mongodb://app:pre?post@db.internal/",
+        "https://elastic:1234#post@search.internal:9200",
+    ],
+)
+def test_a_password_a_parser_would_cut_short_is_refused_naming_the_key_and_the_fix(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = _url_key(url)
+    assert main(["status", "--" + key.replace("_", "-"), url]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {key}: the user name or password in" in err
+    assert "percent-encode" in err and "`#` as %23" in err
+    assert "pre" not in err.replace("prefix", "") and "post" not in err and "1234" not in err

@@ -40,7 +40,7 @@ from typing import Any
 from singleton.drivers import redis as redis_client
 from singleton.errors import ConfigurationError
 from singleton.lease.timings import LeaseTimings
-from singleton.redact import redact
+from singleton.redact import PERCENT_ENCODE, cut_short, redact, userinfo_cut_short
 from singleton.service.config.tables import (
     JobConfig as JobConfig,
 )
@@ -312,9 +312,16 @@ def _check_mongo_url(url: str) -> None:
     try:
         parse_uri(url)
     except (InvalidURI, ValueError) as exc:
+        why = redact(str(exc))
+        fix = f"; {PERCENT_ENCODE}" if "escaped" in why else ""
         raise ConfigurationError(
-            f"mongo_url is not a valid MongoDB URL, got {redact(url)!r}: {redact(str(exc))}"
+            f"mongo_url is not a valid MongoDB URL, got {redact(url)!r}: {why}{fix}"
         ) from None
+
+
+#: URL key -> where its parser ends a URL's host part (pymongo reads a raw ``#`` in a password
+#: as part of it; redis-py, elastic-transport and our Sentinel parser do not).
+_AUTHORITY_ENDS = {"redis_url": "/?#", "mongo_url": "/?", "es_url": "/?#"}
 
 
 def _validate(config: Config) -> None:
@@ -332,6 +339,9 @@ def _validate(config: Config) -> None:
             raise ConfigurationError(
                 f"{key} must start with {' or '.join(schemes)}, got {redact(value)!r}"
             )
+        for url in value.split(",") if key == "es_url" else [value]:  # es_url: a list
+            if userinfo_cut_short(url.strip(), _AUTHORITY_ENDS[key]):
+                raise ConfigurationError(f"{key}: {cut_short(url.strip())}")
     try:  # parsed as the lease backend and the checkpoint store will parse it
         redis_client.check_url(config.redis_url)
     except ConfigurationError as exc:

@@ -24,7 +24,9 @@ redis_url = "{redis_url}"
 mongo_url = "{mongo_url}"
 es_url = "{es_url}"
 namespace = "singleton"
-metrics_address = "127.0.0.1:9464"
+# port 0: each replica serves /metrics, /readyz... on a free port and logs its URL, so that
+# replicas a, b, c... run side by side (or give each its own: --metrics-address 127.0.0.1:9465)
+metrics_address = "127.0.0.1:0"
 
 [lease]
 ttl = 5.0
@@ -62,7 +64,10 @@ def run_dev_servers(
         config = sample_config(redis, mongo, es)
         if write_config:
             Path(write_config).write_text(config)
-            say(f"wrote {write_config}; run a replica with: singleton run --config {write_config}")
+            say(
+                f"wrote {write_config}; run replicas with: singleton run --config {write_config}"
+                " --identity a (then b, c... each in a terminal of its own)"
+            )
         else:
             say("# singleton.toml\n" + config)
         say("Ctrl-C stops the servers and removes their data.")

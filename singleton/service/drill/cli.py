@@ -23,6 +23,7 @@ from typing import Any
 
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.lease.timings import LeaseTimings
+from singleton.redact import cut_short, redact, userinfo_cut_short
 from singleton.service.drill.cluster import DRILL_OPLOG_ENTRIES
 from singleton.service.drill.faults import KINDS, PROXY_KINDS, parse_kinds
 from singleton.service.drill.run import Drill, DrillOptions
@@ -115,6 +116,13 @@ def options_from(args: argparse.Namespace) -> DrillOptions:
         raise ConfigurationError(f"--oplog-entries must be >= 0, got {args.oplog_entries}")
     if args.sentinel and (args.backend != "redis" or args.redis_url):
         raise ConfigurationError("--sentinel needs --backend redis and starts its own Redis")
+    for flag, url, ends in (
+        ("--redis-url", args.redis_url, "/?#"),
+        ("--mongo-url", args.mongo_url, "/?"),  # pymongo reads a raw '#' in a password
+        ("--es-url", args.es_url, "/?#"),
+    ):
+        if url and userinfo_cut_short(url, ends):
+            raise ConfigurationError(f"{flag}: {cut_short(url)}")
     kinds = parse_kinds(args.faults, args.backend, sentinel=args.sentinel)
     if args.redis_url and any(k.startswith("redis-") for k in kinds):
         raise ConfigurationError("redis-restart and redis-pause need the embedded Redis")
@@ -202,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         opts = options_from(args)
     except ConfigurationError as exc:
-        print(f"singleton drill: error: {exc}", file=sys.stderr)  # noqa: T201
+        print(f"singleton drill: error: {redact(str(exc))}", file=sys.stderr)  # noqa: T201
         return 2
     setup_logging("text", "WARNING")
     stream = sys.stderr if args.json else sys.stdout
@@ -215,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = drill.run()
     except SingletonError as exc:
-        say(f"singleton drill: failed: {exc}; workdir {drill.workdir}")
+        say(f"singleton drill: failed: {redact(str(exc))}; workdir {drill.workdir}")
         return 1
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -3,8 +3,11 @@ takeover, coalesce, misfire grace, failing calls and failed tenures, cron, max_i
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import itertools
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
@@ -386,3 +389,147 @@ def test_slow_claims_on_the_scheduler_thread_skip_no_fire_time() -> None:
         sched.stop(timeout=5)
     steps = [round((b - a).total_seconds(), 3) for a, b in itertools.pairwise(started)]
     assert steps and set(steps) == {0.1}, steps
+
+
+def test_an_async_job_runs_each_fire_time_to_completion(
+    clock: FakeClock, made: list[Replica]
+) -> None:
+    """``async def`` jobs ran nothing before (a coroutine never awaited, one RuntimeWarning)."""
+    log: list[Record] = []
+
+    async def job(ctx: JobContext) -> str:
+        await asyncio.sleep(0)
+        ctx.check()
+        log.append((ctx.fire_time, ctx.token, "a"))
+        return "done"
+
+    a = Replica(MemoryLeaseBackend(clock=clock), clock, "a").add(job)
+    made.append(a)
+    t0 = wall(clock)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # "coroutine ... was never awaited"
+        a.elect()
+        a.step()
+        a.step()
+        gc.collect()
+    assert seconds(log, t0) == [0, 1, 2]
+    status = a.sched.status()[0]
+    assert status.runs == 3 and status.last_outcome == "ok"
+
+
+class AwaitableJob:
+    """A callable returning an awaitable (not itself a coroutine function)."""
+
+    def __init__(self) -> None:
+        self.loops: list[asyncio.AbstractEventLoop] = []
+
+    def __call__(self, ctx: JobContext) -> Any:
+        async def run() -> None:
+            self.loops.append(asyncio.get_running_loop())
+            if len(self.loops) == 2:
+                raise RuntimeError("async boom")
+
+        return run()
+
+
+def test_a_callable_returning_an_awaitable_runs_and_its_errors_count(
+    clock: FakeClock, made: list[Replica]
+) -> None:
+    job = AwaitableJob()
+    a = Replica(MemoryLeaseBackend(clock=clock), clock, "a").add(job)
+    made.append(a)
+    a.elect()
+    a.step()
+    status = a.sched.status()[0]
+    assert len(job.loops) == 2 and job.loops[0] is not job.loops[1]  # a loop per call
+    assert status.runs == 1 and status.failures == 1
+    assert status.last_outcome == "error: RuntimeError: async boom"
+
+
+def test_an_async_job_that_finds_its_lease_lost_stops_as_a_sync_one_does(
+    backend: MemoryLeaseBackend, clock: FakeClock, made: list[Replica]
+) -> None:
+    calls: list[int] = []
+
+    async def job(ctx: JobContext) -> None:
+        calls.append(ctx.token)
+        backend.expire(JOB)
+        clock.advance(20)  # past the renew deadline: the tenure is over
+        await asyncio.sleep(0)
+        ctx.check()
+
+    a = Replica(backend, clock, "a").add(job)
+    made.append(a)
+    a.elect()
+    a.tick()
+    status = a.sched.status()[0]
+    assert len(calls) == 1 and status.last_outcome == "lost" and status.failures == 0
+
+
+def test_tick_from_a_coroutine_runs_an_async_job_on_a_loop_of_its_own(
+    clock: FakeClock, made: list[Replica]
+) -> None:
+    ran: list[bool] = []
+
+    async def job(ctx: JobContext) -> None:
+        ran.append(asyncio.get_running_loop() is not outer)
+
+    a = Replica(MemoryLeaseBackend(clock=clock), clock, "a").add(job)
+    made.append(a)
+    outer: asyncio.AbstractEventLoop | None = None
+
+    async def test() -> None:
+        nonlocal outer
+        outer = asyncio.get_running_loop()
+        a.elect()
+        a.step()
+
+    asyncio.run(test())
+    assert ran == [True, True]
+
+
+def test_an_async_job_on_the_scheduler_thread() -> None:
+    threads: list[str] = []
+
+    async def job(ctx: JobContext) -> None:
+        await asyncio.sleep(0.01)
+        threads.append(threading.current_thread().name)
+
+    sched = LeaderScheduler(MemoryLeaseBackend(), identity="a", ttl=3)
+    sched.add_job(job, "interval", name=JOB, seconds=0.1)
+    sched.start()
+    try:
+        wait_until(lambda: len(threads) >= 3, 10, what="three async calls")
+    finally:
+        sched.stop(timeout=5)
+    assert all(name.startswith("singleton-job") for name in threads), threads
+    assert sched.status()[0].failures == 0
+
+
+def _gen(ctx: JobContext) -> Iterator[None]:
+    yield
+
+
+async def _agen(ctx: JobContext) -> Any:
+    yield
+
+
+@pytest.mark.parametrize("func", [_gen, _agen])
+def test_generator_job_functions_are_refused_by_name(func: Any) -> None:
+    sched = LeaderScheduler(MemoryLeaseBackend(), identity="a")
+    with pytest.raises(ConfigurationError, match=rf"{__name__}:{func.__name__} is a generator"):
+        sched.add_job(func, "interval", name=JOB, seconds=1)
+
+
+def test_the_elector_start_line_writes_seconds_as_people_do() -> None:
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="INFO", format="{message}")
+    sched = LeaderScheduler(MemoryLeaseBackend(), identity="a", ttl=5)
+    sched.add_job(lambda ctx: None, "interval", name=JOB, seconds=1)
+    try:
+        sched.start(scheduler=False)
+    finally:
+        sched.stop(timeout=5)
+        logger.remove(sink)
+    [start] = [line for line in lines if "elector starting" in line]
+    assert "ttl=5s renew_interval=1.67s renew_deadline=3.33s" in start, start

@@ -149,7 +149,10 @@ def test_a_metrics_port_in_use_exits_2(capsys: pytest.CaptureFixture[str]) -> No
         argv = ["run", "--listener", "logging", "-o", "database=a"]
         argv += ["--metrics-address", f"127.0.0.1:{port}"]
         assert main(argv) == 2
-    assert "cannot be served" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot be served: Address already in use" in err
+    # names the fix: a port per replica, or a free one
+    assert "--metrics-address HOST:PORT" in err and 'metrics_address = "127.0.0.1:0"' in err
 
 
 @pytest.mark.parametrize(
@@ -293,8 +296,10 @@ def test_a_listener_that_renames_itself_in_init_is_refused(tmp_path: Path) -> No
 def test_lease_names_refuse_what_the_listener_would(tmp_path: Path) -> None:
     path = tmp_path / "s.toml"
     path.write_text('[[listeners]]\nuse = "logging"\ncollection = "c"\n', encoding="utf-8")
-    with pytest.raises(ConfigurationError, match="database must be a database name, got None"):
-        lease_names(load_config(path))
+    with pytest.raises(ConfigurationError, match='add `database = "<name>"` to its'):
+        lease_names(load_config(path))  # (said "must be a database name, got None")
+    with pytest.raises(ConfigurationError, match="no database to watch"):
+        build_listeners(load_config(path))
     path.write_text(TOML + TOML.split("\n\n")[-1])
     with pytest.raises(ConfigurationError, match="repeated: orders-log"):
         lease_names(load_config(path))
