@@ -13,6 +13,7 @@ successor could duplicate, and pass ``ctx.token`` (the fencing token) to sinks t
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -136,8 +137,19 @@ class ChangeStreamListener:
     #: when the stream has caught up: a ``getMore`` came back empty).
     max_batch_wait: float = 0.2
     on_history_lost: HistoryLostPolicy = "fail"
+    #: What a proven poison event becomes: a dead letter, or the end of the tenure (``stop``).
+    #: An event is proven poison only when the listener handled the events after it right
+    #: after it failed alone (``listeners.deadletters.PoisonHandler``); a failure every event
+    #: meets is the listener's, retried within ``failure_budget``, never a dead letter.
     on_poison: PoisonPolicy = "dead_letter"
+    #: Retries of an event that fails alone: all but one before the events after it are tried
+    #: (so one flaky call neither reorders nor dead-letters it), the last right after one of
+    #: them was handled. ``0``: the first failure alone, once a later event is handled, proves it.
     max_retries: int = 3
+    #: Seconds a failing tenure of this listener retries in place (whatever fails: the stream,
+    #: the listener, the checkpoint) before it fails and resigns its lease; ``None``: the
+    #: runner's ``failure_budget`` (60 s by default).
+    failure_budget: float | None = None
     #: Set by the service for ``partitions = K``: this instance handles one partition's events
     #: (:mod:`listeners.stream.partition`) under its own lease and checkpoint.
     partition: Partition | None = None
@@ -156,6 +168,7 @@ class ChangeStreamListener:
             "on_history_lost",
             "on_poison",
             "max_retries",
+            "failure_budget",
         }
     )
 
@@ -184,6 +197,12 @@ class ChangeStreamListener:
             ),
             ("on_poison", self.on_poison in get_args(PoisonPolicy), "dead_letter or stop"),
             ("max_retries", _at_least(self.max_retries, 0, integer=True), "an integer >= 0"),
+            (
+                "failure_budget",
+                self.failure_budget is None
+                or (_at_least(self.failure_budget, 0) and 0 < self.failure_budget < math.inf),
+                "None or seconds > 0",
+            ),
             (
                 "full_document",
                 self.full_document in _FULL_DOCUMENT_MODES,
@@ -223,7 +242,14 @@ class ChangeStreamListener:
 
     # -- what users implement --------------------------------------------------------------
     def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> int | None:
-        """Process ``events`` (oplog order); raise to have the batch retried.
+        """Process ``events`` (oplog order); raise if they could not be handled.
+
+        After a raise the runner splits the batch to find the event at fault: an event is a
+        dead letter only if the events after it are handled right after it failed alone; a
+        failure that every event meets is the listener's (its downstream is down), retried
+        with backoff within ``failure_budget``, then the tenure fails. Raise
+        :class:`singleton.errors.SinkUnavailableError` to say "down, retry" outright (never
+        split), :class:`singleton.errors.SinkRejectedError` to fail the tenure at once.
 
         Return ``None`` once they are durably handled: the runner may checkpoint past them.
         A sink that keeps writes in flight after it returns answers instead how many events

@@ -1,18 +1,21 @@
 """Poison events and history gaps: what a listener could not handle, recorded instead of lost.
 
 Failure model: ``handle_batch`` may fail for one event forever (a document the sink rejects) or
-for a while (a sink that is down). Retrying with backoff covers the second; bisecting the batch
-isolates the first, so one bad event does not stop the stream. Every record carries the fencing
-token of the tenure that wrote it, and is written only after ``ctx.check()``.
+for every event for a while (a sink that is down). The two look alike on one call; they differ
+in what happens next to the events *around* it. So a failing batch is split until the failing
+event is alone, and that event is dead-lettered only once the listener handled a later event
+right after it failed (:class:`PoisonHandler`): a failure that every event meets is the
+listener's, retried by the tenure within its failure budget, and never a dead letter. Every
+record carries the fencing token of the tenure that wrote it, and is written only after
+``ctx.check()``.
 """
 
 from __future__ import annotations
 
-import random
-import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bson.timestamp import Timestamp
 from loguru import logger
@@ -21,10 +24,11 @@ from listeners.runtime.handover import Drained
 from singleton.clock import Clock
 from singleton.drivers import mongo
 from singleton.errors import (
+    BackendUnavailableError,
     LeaseLostError,
+    PermissionDeniedError,
     PoisonEventError,
     SinkRejectedError,
-    SinkUnavailableError,
 )
 from singleton.retry import Backoff
 
@@ -198,120 +202,264 @@ class Replayer:
         return len(records)
 
 
-class PoisonHandler:
-    """Deliver a batch: retry with backoff, then bisect to isolate and dead-letter bad events.
+#: Errors that are not about the events handed over, raised at once (never split, never a dead
+#: letter): a lost lease, a handover, a sink or store that is down (transient: the tenure retries
+#: it), that refuses every request or our credentials (the tenure fails).
+NOT_ABOUT_EVENTS: tuple[type[BaseException], ...] = (
+    LeaseLostError,
+    Drained,
+    BackendUnavailableError,
+    PermissionDeniedError,
+    SinkRejectedError,
+)
+#: Events that fail alone one after another, none handled after them, that one delivery tries
+#: before it takes them for the listener's failure rather than a run of poison events.
+MAX_SUSPECTS = 8
 
-    ``handle`` is the listener's ``handle_batch``. The wait between retries returns early when
-    the tenure ends (``ctx.leadership.lost``), and ``ctx.check()`` runs before every attempt,
-    so a lost lease stops delivery within one attempt.
+
+class ListenerFailing(Exception):
+    """Not an event's fault: the listener failed on every event it was given since the last one
+    it handled, and no later event was handled to prove those poison (see
+    :class:`PoisonHandler`). The tenure retries it like a transient error, within its failure
+    budget; ``error`` is what the listener raised."""
+
+    def __init__(self, error: Exception, what: str) -> None:
+        super().__init__(f"{what}: {type(error).__name__}: {error}")
+        self.error = error
+
+
+class Retries(Protocol):
+    """What a :class:`PoisonHandler` reports to the loop around it (the tenure's one failure
+    streak, :mod:`listeners.runtime.failures`)."""
+
+    def retry(self, error: Exception, what: str, ctx: ListenerContext) -> None:
+        """Count one failed try and wait before the next; raise when retrying is over (the
+        budget is spent, the lease lost, a handover began)."""
+        ...
+
+    def progressed(self) -> None:
+        """A poison event was proven (a later event was handled): the run of failures ended."""
+        ...
+
+    def raised(self, error: Exception, where: str) -> None:
+        """The listener's own code raised ``error`` (log its traceback, once per error)."""
+        ...
+
+
+class LocalRetries:
+    """:class:`Retries` for a handler used on its own (``backoff`` seconds, doubling up to 2 s;
+    no budget; a wait ends when the lease is lost)."""
+
+    def __init__(self, backoff: Backoff) -> None:
+        self._backoff = backoff
+
+    def retry(self, error: Exception, what: str, ctx: ListenerContext) -> None:
+        delay = self._backoff.next()
+        logger.warning(
+            "{} (attempt {}), retrying in {:.2f}s: listener={}: {!r}",
+            what,
+            self._backoff.attempts,
+            delay,
+            ctx.listener_name,
+            error,
+        )
+        if ctx.leadership.lost.wait(delay):
+            ctx.check()
+
+    def progressed(self) -> None:
+        self._backoff.reset()
+
+    def raised(self, error: Exception, where: str) -> None:
+        logger.debug("{} raised: {!r}", where, error)
+
+
+@dataclass
+class _Suspect:
+    """An event that failed alone, not yet proven poison: its last error and its tries alone."""
+
+    event: ChangeEvent
+    error: Exception
+    tries: int
+
+
+class PoisonHandler:
+    """Deliver a batch in order, and tell a poison event from a failing listener.
+
+    An event is poison only when the listener handles *other* events right after it failed on
+    it alone: a failing batch is split in halves, in order, until the failing event is alone;
+    the first event of a run that fails alone is retried alone ``max_retries - 1`` times (the
+    waits are ``retries``'), then the events after it are tried. If one of those calls succeeds,
+    the listener works: each event of the run is tried alone once more (if ``max_retries`` >= 1)
+    and, failing still, is dead-lettered (or, with policy ``stop``, fails the tenure with
+    :class:`PoisonEventError`). If nothing after the run succeeds (there is nothing after it, or
+    more than :data:`MAX_SUSPECTS` events fail alone in a row), nothing is dead-lettered: the
+    delivery raises :class:`ListenerFailing`, for the tenure to retry within its budget. A lone
+    event that fails is therefore the listener's failure until a later event is handled.
+
+    ``handle`` is the listener's ``handle_batch``; ``reached`` is told the last event of each
+    call that succeeded with everything before it done (handled or dead-lettered), so that a
+    retry starts after it. ``ctx.check()`` runs before every call. ``replay``: the events are
+    dead letters already, and one that fails alone again goes back at once.
     """
 
     def __init__(
         self,
-        handle: Callable[[Sequence[ChangeEvent], ListenerContext], None],
+        handle: Callable[[Sequence[ChangeEvent], ListenerContext], object],
         store: DeadLetterStore | None,
         *,
         max_retries: int,
         policy: str,
         backoff: float = 0.05,
-        max_backoff: float = 2.0,
-        rng: random.Random | None = None,
-        stop: threading.Event | None = None,
+        retries: Retries | None = None,
+        reached: Callable[[ChangeEvent], None] | None = None,
     ) -> None:
-        self._handle, self._store, self._stop = handle, store, stop
+        self._handle, self._store, self._reached = handle, store, reached
         self.max_retries = max_retries
         self.policy = policy
-        self._backoff = Backoff(backoff, max_backoff, rng=rng)
+        self._retries = retries or LocalRetries(Backoff(backoff, max(backoff, 2.0)))
         #: Events written to the dead-letter store during this handler's life.
         self.dead_lettered = 0
         #: ``handle`` calls that raised (every failed attempt counts).
         self.errors = 0
+        #: Events of the ``handle`` calls that returned.
+        self.handled = 0
 
-    def deliver(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
-        """Return once every event was handled or dead-lettered; raise on loss or ``stop``."""
-        error, attempts = self._attempts(events, ctx, self.max_retries + 1)
-        if error is None:
-            return
+    def deliver(
+        self, events: Sequence[ChangeEvent], ctx: ListenerContext, *, replay: bool = False
+    ) -> None:
+        """Return once every event was handled or dead-lettered; raise :class:`ListenerFailing`
+        when the listener failed with no event handled after to prove poison, and whatever is
+        not about the events (:data:`NOT_ABOUT_EVENTS`) at once."""
+        _Delivery(self, ctx, events, replay).run()
+
+    def attempt(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> Exception | None:
+        """One call of ``handle``; the exception it raised about the events, if any."""
+        ctx.check()
+        try:
+            self._handle(events, ctx)
+        except NOT_ABOUT_EVENTS:
+            raise
+        except Exception as exc:
+            self.errors += 1
+            self._retries.raised(exc, "handle_batch")
+            return exc
+        self.handled += len(events)
+        return None
+
+    def retry(self, suspect: _Suspect, ctx: ListenerContext) -> None:
+        what = f"handle_batch failed on event {_event_id(suspect.event)!r} alone"
+        self._retries.retry(suspect.error, what, ctx)
+
+    def progressed(self, events: Sequence[ChangeEvent], proven: bool) -> None:
+        if proven:
+            self._retries.progressed()
+        if self._reached is not None:
+            self._reached(events[-1])
+
+    def poisoned(self, suspect: _Suspect, ctx: ListenerContext) -> None:
+        """``suspect`` is proven poison: a dead letter, or the end of the tenure."""
         if self.policy == "stop" or self._store is None:
             raise PoisonEventError(
-                f"listener {ctx.listener_name!r}: handle_batch failed {attempts} times on a batch "
-                f"of {len(events)}: {error}"
-            ) from error
-        self._isolate(events, ctx, error, attempts)
-
-    def _attempts(
-        self, events: Sequence[ChangeEvent], ctx: ListenerContext, tries: int
-    ) -> tuple[Exception | None, int]:
-        error: Exception | None = None
-        self._backoff.reset()  # each run of attempts (a batch, a half, one event) starts low
-        for attempt in range(1, tries + 1):
-            ctx.check()
-            try:
-                self._handle(events, ctx)
-                return None, attempt
-            except (LeaseLostError, SinkUnavailableError, SinkRejectedError, Drained):
-                # Not about these events: a lost lease, a handover, or a sink that is down or
-                # refuses every request. Retrying them one by one would only dead-letter good
-                # events.
-                raise
-            except Exception as exc:
-                error = exc
-                self.errors += 1
-                if attempt == tries:
-                    break
-                delay = self._backoff.next()
-                logger.warning(
-                    "handle_batch failed (attempt {}/{}), retrying in {:.2f}s: listener={} "
-                    "events={}: {!r}",
-                    attempt,
-                    tries,
-                    delay,
-                    ctx.listener_name,
-                    len(events),
-                    exc,
-                )
-                self._wait(ctx, delay)
-        return error, tries
-
-    def _wait(self, ctx: ListenerContext, delay: float) -> None:
-        if ctx.leadership.lost.wait(delay):
-            ctx.check()
-        if self._stop is not None and self._stop.is_set():
-            ctx.check()
-
-    def _isolate(
-        self, events: Sequence[ChangeEvent], ctx: ListenerContext, error: Exception, attempts: int
-    ) -> None:
-        """Bisect in order: halves that succeed are done, single events that keep failing are
-        retried up to ``max_retries`` more times, then dead-lettered."""
-        if len(events) == 1:
-            if attempts <= self.max_retries:
-                err, more = self._attempts(events, ctx, self.max_retries + 1 - attempts)
-                if err is None:
-                    return
-                error, attempts = err, attempts + more
-            self._dead_letter(events[0], ctx, error, attempts)
-            return
-        mid = len(events) // 2
-        for half in (events[:mid], events[mid:]):
-            err, _ = self._attempts(half, ctx, 1)
-            if err is not None:
-                self._isolate(half, ctx, err, 1)
-
-    def _dead_letter(
-        self, event: ChangeEvent, ctx: ListenerContext, error: Exception, attempts: int
-    ) -> None:
-        assert self._store is not None
+                f"listener {ctx.listener_name!r}: event {_event_id(suspect.event)!r} failed alone "
+                f"{suspect.tries} times while the events after it were handled: "
+                f"{type(suspect.error).__name__}: {suspect.error}"
+            ) from suspect.error
         logger.error(
-            "poison event dead-lettered after {} attempts: listener={} token={} event_id={}: {!r}",
-            attempts,
+            "poison event dead-lettered after {} tries alone (the events after it were handled): "
+            "listener={} token={} event_id={}: {!r}",
+            suspect.tries,
             ctx.listener_name,
             ctx.token,
-            _event_id(event),
-            error,
+            _event_id(suspect.event),
+            suspect.error,
         )
-        self._store.put(event, error, attempts, ctx)
+        self._store.put(suspect.event, suspect.error, suspect.tries, ctx)
         self.dead_lettered += 1
+
+
+class _Delivery:
+    """One :meth:`PoisonHandler.deliver`: the events in order, and the run of events that
+    failed alone since the last call that succeeded (the suspects)."""
+
+    def __init__(
+        self,
+        handler: PoisonHandler,
+        ctx: ListenerContext,
+        events: Sequence[ChangeEvent],
+        replay: bool,
+    ) -> None:
+        self.handler, self.ctx, self.events, self.replay = handler, ctx, events, replay
+        self.suspects: list[_Suspect] = []
+
+    def run(self) -> None:
+        self._segment(self.events)
+        if self.suspects:
+            raise self._failing() from self.suspects[0].error
+
+    def _segment(self, events: Sequence[ChangeEvent]) -> None:
+        error = self.handler.attempt(events, self.ctx)
+        if error is None:
+            self._succeeded(events)
+        elif len(events) > 1:
+            mid = len(events) // 2
+            self._segment(events[:mid])
+            self._segment(events[mid:])
+        else:
+            self._alone(_Suspect(events[0], error, 1))
+
+    def _alone(self, suspect: _Suspect) -> None:
+        """``suspect`` failed alone: the first of a run is retried alone before anything after
+        it is tried (so one flaky call neither reorders nor dead-letters an event)."""
+        h = self.handler
+        first = not self.suspects and not self.replay
+        for _ in range(h.max_retries - 1 if first else 0):
+            h.retry(suspect, self.ctx)
+            error = h.attempt([suspect.event], self.ctx)
+            if error is None:
+                self._succeeded([suspect.event])
+                return
+            suspect.error, suspect.tries = error, suspect.tries + 1
+        if self.replay:  # a dead letter already: it goes back, updated
+            h.poisoned(suspect, self.ctx)
+            return
+        self.suspects.append(suspect)
+        if len(self.suspects) >= MAX_SUSPECTS:
+            raise self._failing() from self.suspects[0].error
+
+    def _succeeded(self, events: Sequence[ChangeEvent]) -> None:
+        """A call succeeded: the listener works, so the run of suspects before it is poison,
+        each once it failed one last try alone (if ``max_retries`` allows one)."""
+        proven = bool(self.suspects)
+        for suspect in self.suspects:
+            if self.handler.max_retries and not self._last_try(suspect):
+                continue
+            self.handler.poisoned(suspect, self.ctx)
+        self.suspects.clear()
+        if not self.replay and (proven or events is not self.events):
+            self.handler.progressed(events, proven)
+
+    def _last_try(self, suspect: _Suspect) -> bool:
+        """Try ``suspect`` alone right after a later call succeeded; True if it failed again."""
+        error = self.handler.attempt([suspect.event], self.ctx)
+        if error is None:
+            logger.warning(
+                "event {!r} handled on its last try alone, after the events that followed it "
+                "(its failures were not its own): listener={}",
+                _event_id(suspect.event),
+                self.ctx.listener_name,
+            )
+            return False
+        suspect.error, suspect.tries = error, suspect.tries + 1
+        return True
+
+    def _failing(self) -> ListenerFailing:
+        first = self.suspects[0]
+        return ListenerFailing(
+            first.error,
+            f"handle_batch failed on {len(self.suspects)} event(s) alone from "
+            f"{_event_id(first.event)!r} and on every event tried after them (none handled after "
+            "them proves them poison)",
+        )
 
 
 def _event_id(event: ChangeEvent) -> Any:

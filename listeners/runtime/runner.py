@@ -156,7 +156,10 @@ class ListenerRunner:
     ``failure_budget`` (default 60 s: longer than a replica-set election or a short partition,
     short enough that a leader stuck on a dead dependency hands over within a minute) bounds how
     long transient failures are retried in place before the tenure fails; it is also how long a
-    tenure must stream for its failure count to start over. After a failed tenure the runner
+    tenure must stream for its failure count to start over; a listener's own ``failure_budget``
+    option, when set, wins (``failure_budget = 30`` in its ``[[listeners]]`` table). Every
+    failure of a tenure counts against the same budget, and only getting past what failed
+    starts it over (:mod:`listeners.runtime.failures`). After a failed tenure the runner
     sits out a cooldown from ``max(ttl, 1)`` doubling up to ``max_failure_cooldown`` seconds.
 
     ``drain_timeout`` (at most the elector's ``release_timeout``) bounds how long a planned
@@ -178,7 +181,10 @@ class ListenerRunner:
         self.checkpoints = o.checkpoints or MongoCheckpointStore(self._client)
         self.dead_letters = o.dead_letters or DeadLetterStore(self._client)
         clock = o.clock or SYSTEM_CLOCK
-        self.failure_budget = o.failure_budget
+        #: The listener's own ``failure_budget``, else the runner's.
+        self.failure_budget = (
+            o.failure_budget if listener.failure_budget is None else listener.failure_budget
+        )
         self.drain_timeout = min(o.drain_timeout, elector.release_timeout)
         self.last_seen = LastSeen()
         rng = random.Random(o.seed)
@@ -201,7 +207,7 @@ class ListenerRunner:
             max_reconnect_backoff=o.max_reconnect_backoff,
             rng=rng,
             audit=o.audit,
-            failure_budget=o.failure_budget,
+            failure_budget=self.failure_budget,
             lease_store=elector.backend,
         )
         self._lock = threading.Lock()

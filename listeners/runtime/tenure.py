@@ -12,8 +12,10 @@ may roll past the saved position. So every MongoDB call is bounded by half the r
 ``handle_batch`` and checkpoint write, and a tenure starts by *claiming* the checkpoint (fencing
 it with its token); a claim that finds none when this replica or the lease store's marker
 (:mod:`listeners.checkpoints.marker`) knows one existed applies ``on_history_lost``. Transient
-errors (:func:`singleton.drivers.mongo.classify`) are retried in place, from the last checkpoint,
-with backoff, for at most ``failure_budget`` seconds; errors that retrying cannot fix, and transient
+errors (:func:`singleton.drivers.mongo.classify`), and a listener that fails on every event it is
+given (:class:`~listeners.deadletters.ListenerFailing`: no poison proven), are retried in place,
+from the last acknowledged event, as one :class:`~listeners.runtime.failures.FailureStreak` (one
+backoff, one ``failure_budget``, whatever fails); errors that retrying cannot fix, and transient
 ones past the budget, end the tenure as ``failed`` and the runner resigns the lease and says so
 (:mod:`listeners.runtime.runner`). A change event over 16 MB is neither: the stream reads on past it
 without its large fields (:mod:`listeners.stream.large_events`).
@@ -24,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -35,8 +37,16 @@ from loguru import logger
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext, StopReason
 from listeners.checkpoints.marker import CheckpointMarker
 from listeners.checkpoints.policy import CheckpointPolicy, CheckpointSettings
-from listeners.deadletters import DeadLetterStore, PoisonHandler, Replayer
+from listeners.checkpoints.stores import Checkpoint
+from listeners.deadletters import (
+    NOT_ABOUT_EVENTS,
+    DeadLetterStore,
+    ListenerFailing,
+    PoisonHandler,
+    Replayer,
+)
 from listeners.runtime.audit import AuditLog, ts_pair
+from listeners.runtime.failures import DOING, DeliveryRetries, FailureStreak, Stage, UserErrors
 from listeners.runtime.handover import Drained, HandoverGate
 from listeners.runtime.status import StatusBoard, TenureOutcome
 from listeners.stream.large_events import LargeEvents
@@ -48,7 +58,6 @@ from singleton.errors import (
     LeaseLostError,
     PermissionDeniedError,
     PoisonEventError,
-    RetriesExhaustedError,
     SingletonError,
     StaleWriterError,
 )
@@ -137,11 +146,17 @@ class TenureWorker:
         #: ``ctx.check()`` still runs before every write, so a longer read never outlives the
         #: lease's safety, and a drain does not wait for it.
         self._read_timeout = settings.op_timeout
-        self._backoff = Backoff(
-            settings.reconnect_backoff, settings.max_reconnect_backoff, rng=settings.rng
+        #: Every failure of the tenure, whatever failed: one backoff, one budget.
+        self._failures = FailureStreak(
+            self.name,
+            Backoff(settings.reconnect_backoff, settings.max_reconnect_backoff, rng=settings.rng),
+            settings.failure_budget,
+            settings.clock,
         )
-        #: When the current run of transient failures began (``None``: not failing).
-        self._failing_since: float | None = None
+        #: What the worker is doing: the stage a failure is counted at.
+        self._stage: Stage = "start"
+        self._user_errors = UserErrors(self.name)
+        self._retries = DeliveryRetries(self._failures, self._user_errors, self._pause)
         #: When this tenure first streamed (monotonic), ``None`` if it never did.
         self.streaming_since: float | None = None
         #: The exception that ended the tenure, if one did.
@@ -198,9 +213,11 @@ class TenureWorker:
             self.ctx.check()
             try:
                 if pos is None:
+                    self._stage = "start"
                     pos = self._start()
+                    self._failures.succeeded("start")
                 pos = self._stream(pos)
-                self._backoff.reset()
+                self._failures.succeeded("save")  # an invalidate, a large event: saved past it
             except (LeaseLostError, Drained, PoisonEventError):
                 raise
             except Exception as exc:
@@ -213,6 +230,12 @@ class TenureWorker:
         seen = last_seen.checkpoint
         last_seen.saw(cp)
         if cp is not None:
+            logger.info(
+                "resumed from checkpoint at {}: listener={} token={}",
+                cp.cluster_time,
+                self.name,
+                self.ctx.token,
+            )
             return StartPosition.of(cp)
         gone = self._marker.disappeared(seen)
         if gone is not None:
@@ -222,7 +245,8 @@ class TenureWorker:
         return StartPosition()
 
     def _stream(self, pos: StartPosition) -> StartPosition:
-        """Stream until an invalidate (returns where to continue), a drain, or an error."""
+        """Open the stream at ``pos`` and follow it (:meth:`_follow`)."""
+        self._stage = "open"
         fresh = self._cluster_time() if pos.fresh else None
         with self._gate.waiting(), pymongo.timeout(self._settings.open_timeout):
             opened = self._large.watch(
@@ -244,36 +268,57 @@ class TenureWorker:
             # none of it (this stream starts after the last acknowledged position).
             self._flush()
             self._policy.opened(reader.resume_token, fresh)
-            while True:
-                self._check_handover()
-                step = reader.read()
-                if step is None:
-                    continue
-                if self._failing_since is not None or self.streaming_since is None:
-                    self._healthy()
-                if step.batch:
-                    self._deliver(step.batch, step.token)
-                if step.kind == "full":
-                    self._policy.after_batch()
-                elif step.kind == "idle":
-                    self._board.seen(token_time(step.token))
-                    self._flush()  # the idle position is past everything delivered
-                    self._policy.caught_up(step.token)
-                    self._replayer.poll(self._replay)
-                else:
-                    assert step.event is not None
-                    return self._invalidated(step.event)
-                if self._large.passed(step):  # save past the large event, read full events
-                    self._flush()
-                    self._policy.passed(step.token)
-                    return self._policy.resume_position(pos)
+            self._failures.succeeded("open")
+            return self._follow(reader, pos)
 
-    def _healthy(self) -> None:
-        """The stream reads again: the failure budget and the backoff start over, and a failure
-        reported by an earlier tenure no longer stands."""
-        self._failing_since = None
-        self._backoff.reset()
-        if self.streaming_since is None:
+    def _follow(self, reader: StreamReader, pos: StartPosition) -> StartPosition:
+        """Stream until an invalidate (returns where to continue), a drain, or an error."""
+        while True:
+            self._check_handover()
+            self._stage = "read"
+            step = reader.read()
+            if self._failures.failing:
+                self._failures.succeeded("read")
+            if step is None:
+                continue
+            saved = self._policy.last
+            if step.batch:
+                self._stage = "deliver"
+                self._deliver(step.batch, step.token)
+            self._stage = "save"
+            if step.kind == "full":
+                self._policy.after_batch()
+            elif step.kind == "idle":
+                self._idle(step.token)
+            else:
+                assert step.event is not None
+                return self._invalidated(step.event)
+            if self._large.passed(step):  # save past the large event, read full events
+                self._flush()
+                self._policy.passed(step.token)
+                return self._policy.resume_position(pos)
+            self._progressed(saved)
+
+    def _idle(self, token: Any) -> None:
+        """The stream caught up at ``token``: every event read was handed to the sink."""
+        self._board.seen(token_time(token))
+        self._stage = "deliver"
+        self._flush()  # the idle position is past everything delivered
+        self._stage = "save"
+        self._policy.caught_up(token)
+        self._stage = "deliver"
+        self._replayer.poll(self._replay)
+
+    def _progressed(self, saved: Checkpoint | None) -> None:
+        """After a step: a checkpoint saved ends a failure streak, whatever failed; the first
+        step with nothing failing and the sink's work acknowledged (or saved) makes this a
+        working tenure, and a failure reported by an earlier one no longer stands."""
+        moved = self._policy.last is not saved
+        if moved:
+            self._failures.succeeded("save")
+        if self.streaming_since is not None or self._failures.failing:
+            return
+        if moved or not self._policy.in_flight.events:
             self.streaming_since = self._settings.clock.monotonic()
             self._board.set(failure=None)
 
@@ -286,14 +331,19 @@ class TenureWorker:
     def _deliver(self, batch: list[ChangeEvent], token: Any) -> None:
         """Hand ``batch`` to the listener (retries, dead letters), once; ``token`` follows it.
         What the sink answered goes to the checkpoint policy."""
-        handler = self._handler()
+        handler = self._handler(reached=self._reached)
         audit = self._settings.audit
         sent = audit.now() if audit is not None else 0.0
         started = self._settings.clock.monotonic()
         try:
             handler.deliver(batch, self.ctx)
         except BaseException:
-            self._board.count(sink_errors=handler.errors)  # the failed tries count too
+            # The failed tries count too, and what was done before them (positions reached).
+            self._board.count(
+                sink_errors=handler.errors,
+                dead_lettered=handler.dead_lettered,
+                events_handled=handler.handled,
+            )
             raise
         last = event_time(batch[-1])
         if audit is not None:
@@ -306,8 +356,15 @@ class TenureWorker:
             cluster_time=last,
         )
         self._policy.delivered(token, batch)
+        if not self._policy.in_flight.events:
+            self._failures.succeeded("deliver")
 
-    def _handler(self) -> PoisonHandler:
+    def _reached(self, event: ChangeEvent) -> None:
+        """Every event of the batch up to ``event`` was handled or dead-lettered: once the sink
+        acknowledges them, a retry starts after it, not at the batch's start."""
+        self._policy.delivered(event["_id"], [event])
+
+    def _handler(self, reached: Callable[[ChangeEvent], None] | None = None) -> PoisonHandler:
         listener, policy = self._settings.listener, self._policy
 
         def handle(events: Sequence[ChangeEvent], ctx: ListenerContext) -> None:
@@ -320,26 +377,42 @@ class TenureWorker:
             self._settings.dead_letters,
             max_retries=listener.max_retries,
             policy=listener.on_poison,
-            rng=self._settings.rng,
+            retries=self._retries,
+            reached=reached,
         )
 
     def _replay(self, events: list[ChangeEvent]) -> None:
         """Dead letters marked for replay: delivered like a batch, and durable before the
-        replayer deletes their records."""
-        self._handler().deliver(events, self.ctx)
+        replayer deletes their records. One that fails alone again goes back at once."""
+        self._handler().deliver(events, self.ctx, replay=True)
         self._flush()
         self._policy.require_acknowledged()
 
-    def _flush(self, deadline: float | None = None) -> None:
-        """Ask the sink for what it still holds, if anything (``ChangeStreamListener.flush``)."""
+    def _flush(self) -> None:
+        """Ask the sink for what it still holds, if anything (``ChangeStreamListener.flush``);
+        all of it acknowledged is delivery done. A flush that raises is the listener failing
+        (:class:`ListenerFailing`: retried within the budget)."""
         if self._policy.in_flight.events:
-            self._policy.flushed(self._settings.listener.flush(deadline, self.ctx))
+            self._sink_flush(None)
+            if not self._policy.in_flight.events:
+                self._failures.succeeded("deliver")
+
+    def _sink_flush(self, deadline: float | None) -> None:
+        try:
+            answer = self._settings.listener.flush(deadline, self.ctx)
+        except NOT_ABOUT_EVENTS:
+            raise
+        except Exception as exc:
+            self._user_errors.report(exc, "flush")
+            raise ListenerFailing(exc, "flush failed") from exc
+        self._policy.flushed(answer)
 
     def _release(self, left: float) -> None:
         """A planned handover (the gate's final act, within ``left`` seconds of the drain's
         budget, on whichever thread closes it): what the sink acknowledged by then is saved."""
         with self._policy.within(left):
-            self._flush(self._settings.clock.monotonic() + left)
+            if self._policy.in_flight.events:
+                self._sink_flush(self._settings.clock.monotonic() + left)
             self._policy.release()
 
     def _invalidated(self, event: ChangeEvent) -> StartPosition:
@@ -367,7 +440,7 @@ class TenureWorker:
     def _recover(self, exc: Exception, pos: StartPosition | None) -> StartPosition | None:
         """Where to reopen after ``exc`` (``None``: claim again), or raise when retrying
         cannot help or the failure budget is spent."""
-        kind = mongo.classify(exc)
+        kind = "transient" if isinstance(exc, ListenerFailing) else mongo.classify(exc)
         if kind == "history_lost":
             since = None if self._policy.last is None else self._policy.last.cluster_time
             return self._history_lost(
@@ -385,24 +458,15 @@ class TenureWorker:
             return self._policy.resume_position(pos)
         if kind in ("fatal", "too_large"):
             raise exc
-        self._spend_budget(exc)
+        stage = self._stage
+        delay = self._failures.failed(stage, exc)
         if getattr(exc, "timeout", False):  # pymongo's: the server did not answer in time
             self._read_timeout = min(self._settings.open_timeout, self._read_timeout * 2)
-        self._reconnect_wait(exc)
+        self._reconnect_wait(stage, exc, delay)
         if pos is None:
             return None
         self._policy.reload()
         return self._policy.resume_position(pos)
-
-    def _spend_budget(self, exc: Exception) -> None:
-        now = self._settings.clock.monotonic()
-        if self._failing_since is None:
-            self._failing_since = now
-        elif now - self._failing_since >= self._settings.failure_budget:
-            raise RetriesExhaustedError(
-                f"listener {self.name!r}: still failing after {now - self._failing_since:.1f}s "
-                f"(failure_budget {self._settings.failure_budget}s): {type(exc).__name__}: {exc}"
-            ) from exc
 
     def _history_lost(
         self, what: str, since: Timestamp | None, exc: BaseException | None = None
@@ -424,20 +488,26 @@ class TenureWorker:
         self._policy.save(None, now)
         return StartPosition(at_time=now)
 
-    def _reconnect_wait(self, exc: BaseException) -> None:
-        delay = self._backoff.next()
+    def _reconnect_wait(self, stage: Stage, exc: BaseException, delay: float) -> None:
         self._board.count(reconnects=1)
         self._board.set(state="reconnecting", last_error=f"{type(exc).__name__}: {exc}")
         logger.warning(
-            "change stream failed (attempt {}), reopening from the checkpoint in {:.2f}s: "
-            "listener={} token={}: {!r}",
-            self._backoff.attempts,
+            "{} failed (attempt {}, {:.1f}s of failure_budget {:g}s), retrying from the last "
+            "acknowledged position in {:.2f}s: listener={} token={}: {!r}",
+            DOING[stage],
+            self._failures.attempts,
+            self._failures.spent(),
+            self._failures.budget,
             delay,
             self.name,
             self.ctx.token,
             exc,
         )
-        with self._gate.waiting():  # a drain or a loss ends the wait at once
+        self._pause(delay)
+
+    def _pause(self, delay: float) -> None:
+        """Wait ``delay`` seconds before a retry; a drain or a loss ends the wait at once."""
+        with self._gate.waiting():
             self._wake.wait(delay)
         self.ctx.check()
 

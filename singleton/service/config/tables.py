@@ -11,11 +11,15 @@ which never reach the listener: ``partitions`` (split its stream in K, each its 
 checkpoint: :mod:`listeners.stream.partition`), ``prefer`` (identities that should hold its
 leases) and ``min_tenure`` (seconds a lease stays put before balancing may move it:
 :mod:`singleton.balance.balancer`). ``[[jobs]]`` take ``prefer`` and ``min_tenure`` too.
+``failure_budget`` (seconds a failing tenure of the listener retries in place before it fails and
+resigns; default 60) is a listener option like ``max_retries`` and reaches the listener, but is
+checked here too, so that a bad value is refused with its table's name before anything starts.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -72,10 +76,24 @@ def _min_tenure(where: str, value: Any) -> float:
     return float(value)
 
 
+def _finite(where: str, value: Any) -> None:
+    """Refuse an infinite or NaN number anywhere in a table (TOML writes them ``inf``, ``nan``):
+    no option of a listener or a job means "forever" by one, and one reaching the arithmetic of
+    a deadline or an interval fails there, at run time, or waits forever."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigurationError(f"{where} must be a finite number, got {value!r}")
+    items = value.items() if isinstance(value, Mapping) else ()
+    for key, sub in items:
+        _finite(f"{where}.{key}", sub)
+    for n, sub in enumerate(value if isinstance(value, list) else ()):
+        _finite(f"{where}[{n}]", sub)
+
+
 def listener_config(i: int, table: Mapping[str, Any]) -> ListenerConfig:
-    """Check one ``[[listeners]]`` table's ``use`` and placement keys (the listener checks the
-    rest when it is built)."""
+    """Check one ``[[listeners]]`` table's ``use`` and placement keys, and that its numbers are
+    finite (the listener checks the rest when it is built)."""
     where = f"listeners[{i}]"
+    _finite(where, table)
     use = table.get("use")
     if not isinstance(use, str) or not use:
         raise ConfigurationError(f"{where}.use must name a listener, got {use!r}")
@@ -84,6 +102,9 @@ def listener_config(i: int, table: Mapping[str, Any]) -> ListenerConfig:
         raise ConfigurationError(
             f"{where}.partitions must be an integer from 1 to {MAX_PARTITIONS}, got {k!r}"
         )
+    budget = table.get("failure_budget", 1.0)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        raise ConfigurationError(f"{where}.failure_budget must be seconds > 0, got {budget!r}")
     options = {k: v for k, v in table.items() if k != "use" and k not in PLACEMENT_KEYS}
     return ListenerConfig(
         use,
@@ -137,6 +158,7 @@ _JOB_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
 
 def job_config(i: int, table: Mapping[str, Any]) -> JobConfig:
     """Check one ``[[jobs]]`` table, naming the key, the value and the rule."""
+    _finite(f"jobs[{i}]", table)
     for key, value in table.items():
         if key not in _JOB_KEYS:
             raise ConfigurationError(f"unknown key jobs[{i}].{key}{_suggest(key, _JOB_KEYS)}")

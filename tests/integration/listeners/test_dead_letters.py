@@ -1,5 +1,6 @@
 """Dead letters you can work with (SecantusDB): one record per document that accumulates its
-attempts; ``singleton dead-letters list|replay|purge``; a replay goes through the running
+attempts (each time proven poison by a later event handled right after it);
+``singleton dead-letters list|replay|purge``; a replay goes through the running
 leader's normal path and a record that succeeds disappears, one that fails again stays."""
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def test_one_record_per_document_replay_and_purge(
         wait_state(runner, "streaming")
         scene.coll("p").insert_many([{"_id": i} for i in range(10)])
         wait_until(lambda: runner.status().dead_lettered == 1, 10, what="dead-lettered")
-        scene.coll("p").update_one({"_id": 7}, {"$set": {"v": 1}})  # fails again
+        scene.coll("p").update_one({"_id": 7}, {"$set": {"v": 1}})  # fails again,
+        scene.coll("p").insert_one({"_id": 100})  # and a later event proves it poison
         wait_until(lambda: runner.status().dead_lettered == 2, 10, what="dead-lettered again")
         [letter] = list(letters.find())
         assert letter["_id"] == {"listener": name, "key": 7}
@@ -64,9 +66,8 @@ def test_one_record_per_document_replay_and_purge(
         wait_until(lambda: letters.count_documents({}) == 0, 20, what="replayed")
         assert 7 in [e["documentKey"]["_id"] for _k, _t, e in listener.handled]
 
-        scene.coll("p").insert_one({"_id": 70})
-        broken["on"] = True
         listener.fail = lambda e: e["documentKey"]["_id"] == 70
+        scene.coll("p").insert_many([{"_id": 70}, {"_id": 71}])
         wait_until(lambda: letters.count_documents({}) == 1, 10, what="another letter")
         capsys.readouterr()
         assert main(["dead-letters", "list", "--json", "--config", config, "--listener", name]) == 0

@@ -84,6 +84,12 @@ def test_a_transient_failure_is_retried_in_place_then_fails_past_its_budget(scen
     assert len(failed_lines(logs)) == failed.failed_tenures
 
 
+def _without_tracebacks(logs: LogCapture) -> LogCapture:
+    """``logs`` but the listener's own tracebacks (each logged once per tenure at ERROR)."""
+    logs.errors = [m for m in logs.errors if not m.startswith("handle_batch raised ")]
+    return logs
+
+
 def test_every_replica_failing_the_same_way_is_a_visible_steady_state(scene: Scene) -> None:
     listeners = [scene.listener("p", on_poison="stop", max_retries=0) for _ in range(2)]
     for listener in listeners:
@@ -114,7 +120,10 @@ def test_every_replica_failing_the_same_way_is_a_visible_steady_state(scene: Sce
     for status in statuses:
         assert not status.ready and status.failure is not None
         assert "PoisonEventError" in status.failure
-    lines = failed_lines(logs)
+    tracebacks = [m for m in logs.errors if m.startswith("handle_batch raised ValueError")]
+    lines = failed_lines(_without_tracebacks(logs))
+    assert 1 <= len(tracebacks) <= len(lines)  # the listener's traceback, once per tenure at most
+    assert "Traceback" in tracebacks[0] and "poison" in tracebacks[0]
     assert len({line["token"] for line in lines}) == len(lines), "one ERROR per failed tenure"
     for identity in "ab":
         cooldowns = [float(x["cooldown"]) for x in lines if x["identity"] == identity]

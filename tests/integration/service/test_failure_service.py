@@ -49,7 +49,8 @@ def test_a_failed_listener_resigns_and_readyz_names_it(
         *store_args("redis", redis_url, mongo_url, ns),
         *["--metrics-address", f"127.0.0.1:{port}"],
         *["--listener", BROKEN, "-o", f"database={db}", "-o", "collection=orders"],
-        *["-o", "on_poison=stop"],  # a batch that keeps failing fails the tenure
+        # a batch that keeps failing fails the tenure, once its budget is spent
+        *["-o", "on_poison=stop", "-o", "failure_budget=2"],
     ]
     lease = f"{db}.orders"
     client: Any = pymongo.MongoClient(mongo_url)
@@ -156,7 +157,7 @@ def test_a_replica_dead_letters_under_its_namespace_where_the_cli_finds_them(
     try:
 
         def listed() -> bool:
-            client[db].orders.insert_one({"poison": True})
+            client[db].orders.insert_many([{"poison": True}, {"n": 1}])  # a neighbour proves it
             out = run_singleton(
                 "dead-letters", "list", "--json", "--config", str(config), "--listener", "orders"
             )
