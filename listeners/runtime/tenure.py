@@ -11,7 +11,9 @@ may roll past the saved position. So every MongoDB call is bounded by half the r
 (opening a stream, a read, by ``open_timeout``), ``ctx.check()`` runs before every
 ``handle_batch`` and checkpoint write, and a tenure starts by *claiming* the checkpoint (fencing
 it with its token); a claim that finds none when this replica or the lease store's marker
-(:mod:`listeners.checkpoints.marker`) knows one existed applies ``on_history_lost``. Transient
+(:mod:`listeners.checkpoints.marker`) knows one existed applies ``on_history_lost``, and so does a
+saved cluster time that the oplog no longer reaches back to (checked before every stream opened
+at one, the server not trusted to say so: :mod:`listeners.stream.history`). Transient
 errors (:func:`singleton.drivers.mongo.classify`), and a listener that fails on every event it is
 given (:class:`~listeners.deadletters.ListenerFailing`: no poison proven), are retried in place,
 from the last acknowledged event, as one :class:`~listeners.runtime.failures.FailureStreak` (one
@@ -49,6 +51,7 @@ from listeners.runtime.audit import AuditLog, ts_pair
 from listeners.runtime.failures import DOING, DeliveryRetries, FailureStreak, Stage, UserErrors
 from listeners.runtime.handover import Drained, HandoverGate
 from listeners.runtime.status import StatusBoard, TenureOutcome
+from listeners.stream import history
 from listeners.stream.large_events import LargeEvents
 from listeners.stream.reader import StartPosition, StreamReader
 from listeners.stream.tokens import event_time, token_time
@@ -155,6 +158,7 @@ class TenureWorker:
         )
         #: What the worker is doing: the stage a failure is counted at.
         self._stage: Stage = "start"
+        self._oplog_unreadable = False  # said once per tenure
         self._user_errors = UserErrors(self.name)
         self._retries = DeliveryRetries(self._failures, self._user_errors, self._pause)
         #: When this tenure first streamed (monotonic), ``None`` if it never did.
@@ -216,7 +220,7 @@ class TenureWorker:
                     self._stage = "start"
                     pos = self._start()
                     self._failures.succeeded("start")
-                pos = self._stream(pos)
+                pos = self._stream(self._within_history(pos))
                 self._failures.succeeded("save")  # an invalidate, a large event: saved past it
             except (LeaseLostError, Drained, PoisonEventError):
                 raise
@@ -243,6 +247,34 @@ class TenureWorker:
         if self._settings.listener.has_initial_sync():
             return self._sync("initial sync")
         return StartPosition()
+
+    def _within_history(self, pos: StartPosition) -> StartPosition:
+        """``pos``, unless it is a cluster time the oplog no longer reaches back to (see
+        :mod:`listeners.stream.history`): then ``on_history_lost`` decides."""
+        if pos.at_time is None:
+            return pos
+        self._stage = "open"
+        try:
+            with self._bounded():
+                first = history.lost_since(self._settings.client, pos.at_time)
+        except history.OplogUnreadable as exc:
+            if not self._oplog_unreadable:
+                self._oplog_unreadable = True
+                logger.warning(
+                    "cannot read the oplog's first entry, so history lost behind a saved cluster"
+                    " time is left to the server to detect (grant read on local.oplog.rs):"
+                    " listener={}: {}",
+                    self.name,
+                    exc,
+                )
+            return pos
+        if first is None:
+            return pos
+        return self._history_lost(
+            f"change stream history lost: the saved cluster time {pos.at_time} is older than"
+            f" the oplog's first entry {first}",
+            pos.at_time,
+        )
 
     def _stream(self, pos: StartPosition) -> StartPosition:
         """Open the stream at ``pos`` and follow it (:meth:`_follow`)."""

@@ -8,8 +8,16 @@ from typing import Any
 
 import pytest
 
+from listeners.base import ListenerContext
+from listeners.checkpoints.stores import Checkpoint
 from singleton.service.dev.embedded import MongoServer, wait_until
-from tests.integration.listener_support import LogCapture, Scene, SyncingRecorder, wait_state
+from tests.integration.listener_support import (
+    LogCapture,
+    Scene,
+    SyncingRecorder,
+    now,
+    wait_state,
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +78,74 @@ def test_history_lost_policy_runs_once(policy: str, small_oplog: MongoServer, un
         assert gap["listener"] == second.lease_name
         assert gap["fencing_token"] == status.fencing_token > saved.fencing_token
         assert "history lost" in gap["reason"]
+
+
+@pytest.mark.parametrize("policy", ["resync", "fail"])
+def test_a_saved_cluster_time_the_oplog_rolled_past_is_history_lost(
+    policy: str, small_oplog: MongoServer, unique: str
+) -> None:
+    """Right after an initial sync or a resync the saved position is a bare cluster time, and
+    the stand-in (like any server that is not asked about a token) opens a stream there at its
+    oldest entry without error 286: the tenure checks the oplog's first entry itself."""
+    scene = Scene.on(small_oplog.url, unique)
+    coll, store = scene.coll("events"), scene.store
+    listener = scene.listener("events", SyncingRecorder, on_history_lost=policy)
+    coll.insert_one({"_id": "before"})
+    at = now(scene.client)
+    store.save(Checkpoint(listener.lease_name, None, at, 1, "earlier/1"))  # as after a copy
+    for start in range(0, 3000, 500):  # the oplog prunes past `at`: these are lost to a stream
+        coll.insert_many([{"_id": i} for i in range(start, start + 500)])
+    first = scene.client["local"]["oplog.rs"].find_one(sort=[("$natural", 1)])
+    assert first is not None and first["ts"] > at, "the oplog did not roll past the time"
+    with LogCapture() as logs:
+        runner = scene.runner(listener, "b").start()
+        try:
+            wait_state(runner, "failed" if policy == "fail" else "streaming")
+        finally:
+            runner.stop()
+    status = runner.status()
+    assert status.history_lost == 1, status
+    lost = [m for m in logs.errors if "history lost" in m and "oplog's first entry" in m]
+    assert len(lost) == 1, logs.errors
+    if policy == "resync":
+        assert listener.syncs == 1
+        saved = store.load(listener.lease_name)
+        assert saved is not None and saved.cluster_time > at
+    else:
+        assert listener.syncs == 0 and listener.keys() == []
+        assert status.last_error is not None and "HistoryLostError" in status.last_error
+
+
+class OutlivedCopy(SyncingRecorder):
+    """An initial sync during which the oplog rolls past its start (a long copy), the first
+    time only."""
+
+    client: Any = None
+
+    def initial_sync(self, ctx: ListenerContext) -> None:
+        super().initial_sync(ctx)
+        if self.syncs == 1:
+            coll = self.client[self.database][self.collection]
+            for start in range(0, 3000, 500):
+                coll.insert_many([{"_id": i} for i in range(start, start + 500)])
+
+
+def test_a_copy_that_outlives_the_oplog_is_history_lost_and_copied_again(
+    small_oplog: MongoServer, unique: str
+) -> None:
+    scene = Scene.on(small_oplog.url, unique)
+    listener = scene.listener("events", OutlivedCopy, on_history_lost="resync")
+    assert isinstance(listener, OutlivedCopy)
+    listener.client = scene.client
+    with LogCapture() as logs:
+        runner = scene.runner(listener, "a").start()
+        try:
+            wait_until(lambda: listener.syncs == 2, 30, what="the copy done again")
+            wait_state(runner, "streaming")
+        finally:
+            runner.stop()
+    assert runner.status().history_lost == 1
+    assert len([m for m in logs.errors if "oplog's first entry" in m]) == 1, logs.errors
 
 
 @pytest.mark.parametrize("on_poison", ["dead_letter", "stop"])
