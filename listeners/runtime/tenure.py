@@ -234,6 +234,8 @@ class TenureWorker:
         seen = last_seen.checkpoint
         last_seen.saw(cp)
         if cp is not None:
+            # Lag counts from the first moment: a sink down at the start shows a growing lag.
+            self._board.seen(cp.cluster_time)
             logger.info(
                 "resumed from checkpoint at {}: listener={} token={}",
                 cp.cluster_time,
@@ -460,6 +462,7 @@ class TenureWorker:
     def _sync(self, why: str) -> StartPosition:
         """Take the cluster time first, copy, checkpoint that time, then stream from it."""
         at = self._cluster_time()
+        self._board.seen(at)  # a lag sample while the copy runs (it counts from its start)
         logger.info("{} starting: listener={} token={} from={}", why, self.name, self.ctx.token, at)
         self._board.set(state="syncing")
         self.ctx.check()

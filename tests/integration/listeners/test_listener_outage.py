@@ -218,3 +218,32 @@ def test_a_takeover_says_where_it_resumed(scene: Scene) -> None:
     resumed = [m for m in lines if m.startswith("resumed from checkpoint at")]
     assert resumed and str(saved.cluster_time) in resumed[0], lines
     assert f"token={second.status().fencing_token}" in resumed[0]
+
+
+def test_a_tenure_whose_sink_is_down_from_its_start_has_a_lag_sample_at_once(
+    scene: Scene,
+) -> None:
+    """No batch is ever delivered, yet the lag gauge (and so the lag alert) has a value from
+    the tenure's first moment: it counts from the position the tenure resumes from."""
+    first = Downstream(database=scene.db, collection="l")
+    runner = scene.runner(first, "a").start()
+    try:
+        wait_state(runner, "streaming")
+        scene.coll("l").insert_one({"_id": 1})
+        wait_until(lambda: len(first.keys()) == 1, 10, what="handled")
+    finally:
+        runner.stop()
+    scene.coll("l").insert_one({"_id": 2})  # waiting for a sink that is down
+    second = Downstream(database=scene.db, collection="l")
+    second.down.set()
+    down = scene.runner(second, "b", failure_budget=30)
+    down.start()
+    try:
+        wait_until(lambda: down.status().leader, 10, what="the second tenure")
+        wait_until(
+            lambda: down.status().lag_seconds(time.time()) is not None, 5, what="a lag sample"
+        )
+        status = down.status()
+        assert status.batches == 0 and status.leader, status
+    finally:
+        down.stop()
