@@ -31,7 +31,13 @@ from singleton.errors import (
     PermissionDeniedError,
     SingletonError,
 )
-from singleton.redact import cut_short, redact, userinfo_cut_short
+from singleton.redact import (
+    cut_short,
+    redact,
+    redact_refused,
+    refuse_control_characters,
+    userinfo_cut_short,
+)
 
 if TYPE_CHECKING:
     from pymongo import MongoClient
@@ -228,8 +234,9 @@ def client(
         raise ConfigurationError(
             f"expected a pymongo.MongoClient or a URL string, got {type(client_or_url)!r}"
         )
+    refuse_control_characters("the MongoDB URL", client_or_url)
     if userinfo_cut_short(client_or_url, "/?"):  # pymongo reads a raw '#' in a password
-        raise ConfigurationError(f"invalid MongoDB URL: {cut_short(client_or_url)}")
+        raise ConfigurationError(f"invalid MongoDB URL: {cut_short(client_or_url, '/?')}")
     ms = max(1, int(timeouts.connect * 1000))
     try:
         built: MongoClient[dict[str, Any]] = pymongo.MongoClient(
@@ -242,7 +249,7 @@ def client(
         )
     except (pymongo.errors.PyMongoError, ValueError, TypeError) as exc:
         raise ConfigurationError(
-            f"invalid MongoDB URL {redact(client_or_url)!r}: {redact(str(exc))}"
+            f"invalid MongoDB URL {redact_refused(client_or_url)!r}: {redact(str(exc))}"
         ) from exc
     return built, True
 

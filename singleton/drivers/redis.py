@@ -23,9 +23,12 @@ failover may lose the writes the replica had not received (replication is asynch
 from __future__ import annotations
 
 import contextlib
+import difflib
+import functools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import unquote, unquote_plus
 
 import redis
 import redis.exceptions as rex
@@ -35,7 +38,15 @@ from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from singleton.errors import ConfigurationError
-from singleton.redact import cut_short, redact, userinfo_cut_short
+from singleton.redact import (
+    PERCENT_ENCODE,
+    cut_short,
+    is_secret_parameter,
+    redact,
+    redact_refused,
+    refuse_control_characters,
+    userinfo_cut_short,
+)
 
 SENTINEL_SCHEME = "redis+sentinel://"
 SENTINEL_TLS_SCHEME = "rediss+sentinel://"
@@ -94,7 +105,7 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     is wrong with it."""
 
     def bad(why: str) -> ConfigurationError:
-        return ConfigurationError(f"invalid Redis Sentinel URL {redact(url)}: {why}")
+        return ConfigurationError(f"invalid Redis Sentinel URL {redact_refused(url)}: {why}")
 
     if not is_sentinel_url(url):
         raise bad(f"must start with {SENTINEL_SCHEME} or {SENTINEL_TLS_SCHEME}")
@@ -144,10 +155,8 @@ def _query(query: str, tls: bool, bad: Any) -> dict[str, Any]:
     docstring); an unknown, repeated or ill-valued one is an error naming it (not its value,
     which may be a secret)."""
     out: dict[str, Any] = {}
-    for key, value in parse_qsl(query, keep_blank_values=True):
-        if key not in (*_SENTINEL_AUTH, *_TLS_OPTIONS):
-            known = ", ".join((*_SENTINEL_AUTH, *_TLS_OPTIONS))
-            raise bad(f"unknown parameter {key!r} (known: {known})")
+    known = (*_SENTINEL_AUTH, *_TLS_OPTIONS)
+    for key, value in _parameters(query, known, bad):
         if key in out:
             raise bad(f"parameter {key!r} given twice")
         if key in _TLS_OPTIONS and not tls:
@@ -161,6 +170,51 @@ def _query(query: str, tls: bool, bad: Any) -> dict[str, Any]:
             continue
         out[key] = value.lower() if key == "ssl_cert_reqs" else value
     return out
+
+
+def _parameters(query: str, known: Sequence[str], bad: Any) -> Iterator[tuple[str, str]]:
+    """``(name, value)`` of each ``name=value`` of a URL's ``query``, every name among
+    ``known`` (else an error naming it, with a near miss). A piece without ``=``, or an unknown
+    name right after a secret's value, is not named: it is likely the rest of a password
+    holding a raw ``&``."""
+    after_secret = False
+    for piece in query.split("&") if query else []:
+        raw_key, eq, raw_value = piece.partition("=")
+        key = unquote_plus(raw_key)
+        if not eq or (after_secret and key not in known):
+            raise bad(
+                "a piece of the query is no known `name=value` parameter (not shown: after a"
+                " password it is likely the rest of it, cut at a raw `&`): " + PERCENT_ENCODE
+            )
+        if key not in known:
+            raise bad(f"unknown parameter {key!r}{_near(key, known)} (known: {', '.join(known)})")
+        after_secret = is_secret_parameter(key)
+        yield key, unquote_plus(raw_value)
+
+
+@functools.cache
+def _redis_py_parameters() -> tuple[str, ...]:
+    """What redis-py takes in a ``redis://``, ``rediss://`` or ``unix://`` URL's query: its URL
+    options and its connections' keywords (it passes the rest to them, which then fail at the
+    first connection, naming the parameter)."""
+    import inspect
+
+    from redis import connection
+
+    names = set(connection.URL_QUERY_ARGUMENT_PARSERS)
+    for cls in (
+        connection.AbstractConnection,
+        connection.Connection,
+        connection.SSLConnection,
+        connection.UnixDomainSocketConnection,
+    ):
+        names |= set(inspect.signature(cls.__init__).parameters)
+    return tuple(sorted(names - {"self", "args", "kwargs"}))
+
+
+def _near(key: str, known: Sequence[str]) -> str:
+    near = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def _host_port(part: str, bad: Any) -> tuple[str, int]:
@@ -192,8 +246,11 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
     also bound each call to a Sentinel, which is never retried: the next one is asked. Connects
     to nothing yet. The caller owns the client: its ``close()`` also closes the Sentinel
     connections."""
+    if isinstance(url, str):
+        refuse_control_characters("the Redis URL", url)
     if not isinstance(url, str) or not url.startswith(SCHEMES):
-        raise ConfigurationError(f"not a Redis URL ({', '.join(SCHEMES)}): {redact(str(url))}")
+        shown = redact_refused(url) if isinstance(url, str) else redact(str(url))
+        raise ConfigurationError(f"not a Redis URL ({', '.join(SCHEMES)}): {shown}")
     if userinfo_cut_short(url):  # else a piece of the password would be read as a host or port
         raise ConfigurationError(f"invalid Redis URL: {cut_short(url)}")
     if is_sentinel_url(url):
@@ -212,10 +269,21 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
             **{**parts.master_kwargs(), **options},
         )
         return client
+    query = url.partition("?")[2]  # (a `?` in the password was refused as cut short above)
+    for _ in _parameters(query, _redis_py_parameters(), _bad_url(url)):
+        pass
     try:
         return redis.Redis.from_url(url, **options)
     except (ValueError, TypeError, rex.RedisError) as exc:
-        raise ConfigurationError(f"invalid Redis URL {redact(url)}: {redact(str(exc))}") from None
+        why = redact(str(exc))
+        raise ConfigurationError(f"invalid Redis URL {redact_refused(url)}: {why}") from None
+
+
+def _bad_url(url: str) -> Any:
+    def bad(why: str) -> ConfigurationError:
+        return ConfigurationError(f"invalid Redis URL {redact_refused(url)}: {why}")
+
+    return bad
 
 
 class _Sentinels(Sentinel):

@@ -15,7 +15,8 @@ Layout, under ``namespace`` (default ``singleton``):
 * ``<ns>:fires:<name>``: a list, latest first, of ``"<fire_ms>:<token>:<holder>"``: the fire
   times :meth:`~singleton.lease.fires.FireClaims.claim_fire` claimed, trimmed to ``keep``
   entries, never expiring (lost with the store's data, like the counter).
-* ``<ns>:released``: a pub/sub channel; a release publishes the lease name on it.
+* ``<ns>:released``: a pub/sub channel; a release publishes the lease name on it (a user whose
+  ACL refuses that PUBLISH still releases: only the notification is lost, said once).
 
 Failure model: Redis expires keys by its own clock, so expiry needs no agreement between client
 clocks. A lost or late reply is an unknown outcome and raises ``BackendUnavailableError``. Redis
@@ -40,6 +41,7 @@ from typing import Any
 
 import redis
 import redis.exceptions as rex
+from loguru import logger
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -98,15 +100,20 @@ return 0
 
 # KEYS[1] lease key
 # ARGV[1] expected value "<token>:<holder>", ARGV[2] channel, ARGV[3] lease name
-# Returns 1 if the stored value matched: the lease key is deleted (the fencing counter is kept)
-# and the name is published on the channel; else 0 (changed nothing).
+# Returns {1} if the stored value matched: the lease key is deleted (the fencing counter is
+# kept) and the name is published on the channel; {2, error} if it matched and the key is
+# deleted, but the PUBLISH was refused (an ACL without the channel or the command: the release
+# stands, only its notification is lost); else {0} (changed nothing).
 RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
-  return 1
+  local sent = redis.pcall('PUBLISH', ARGV[2], ARGV[3])
+  if type(sent) == 'table' and sent.err then
+    return {2, sent.err}
+  end
+  return {1}
 end
-return 0
+return {0}
 """
 
 # KEYS[1] lease key
@@ -232,6 +239,8 @@ class RedisLeaseBackend(ServerLeaseBackend):
                 f"expected a redis.Redis client or a URL string, got {type(client_or_url)!r}"
             )
         self._channel = f"{namespace}:released"
+        #: A release's PUBLISH was refused once (said at WARNING, then no more).
+        self._publish_refused = False
         self._acquire = self._client.register_script(ACQUIRE)
         self._renew = self._client.register_script(RENEW)
         self._release = self._client.register_script(RELEASE)
@@ -266,11 +275,23 @@ class RedisLeaseBackend(ServerLeaseBackend):
     def release(self, lease: Lease) -> bool:
         validate_lease_args(lease.name, lease.holder)
         with self._translate("release", lease.name):
-            ok = self._release(
+            reply = self._release(
                 keys=[self._key(lease.name)],
                 args=[self._value(lease), self._channel, lease.name],
             )
-        return int(ok) == 1
+        if int(reply[0]) == 2 and not self._publish_refused:
+            self._publish_refused = True  # said once: every later release would say the same
+            logger.warning(
+                "redis {} refused to PUBLISH on {} ({}): leases are released, but successors"
+                " elsewhere learn it only at the lease's expiry or their retry_interval, not in"
+                " milliseconds; grant the user the channel (ACL SETUSER <user> &{} +publish"
+                " +subscribe)",
+                self._url,
+                self._channel,
+                redact(_text(reply[1])),
+                self._channel,
+            )
+        return int(reply[0]) != 0
 
     def inspect(self, name: str) -> LeaseState | None:
         validate_lease_args(name)

@@ -4,11 +4,16 @@ The rule (after client-go's ``NewLeaderElector``): ``ttl > renew_deadline > 1.2 
 > 0``. ``renew_deadline < ttl`` is what makes "stop before expiry" hold: a leader that has not
 confirmed a renewal within ``renew_deadline`` of sending it stops acting before the store can
 grant the lease to anyone else. ``renew_deadline > 1.2 * renew_interval`` leaves room for at least
-one more renewal attempt before the deadline.
+one more renewal attempt before the deadline. Every value is finite.
+
+These are the library's bounds, which tests and embedders may push as low as they like; the
+service's configuration (:mod:`singleton.service.config`) adds bounds of its own (a ttl from
+1 s to 1 hour, renewals at most 20 a second...) on top.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from singleton.errors import ConfigurationError
@@ -19,8 +24,10 @@ MAX_TTL = 1e6
 
 
 def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
+    """``value`` as seconds; never NaN nor infinite (an infinite interval is a wait that never
+    ends, an infinite ``max_tenure`` overflows the deadline arithmetic: unset it instead)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
     return float(value)
 
 

@@ -13,16 +13,22 @@ under the name derived for it and refuses one whose ``__init__`` renamed itself,
 
 from __future__ import annotations
 
+import os
+import re
+import stat
+
 from loguru import logger
 
 from listeners.base import ChangeStreamListener
+from listeners.elasticsearch import ElasticsearchSync
 from listeners.stream.partition import Partition, layout_names
 from singleton.balance.balancer import Balancer
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.jobs.scheduler import LeaderScheduler
 from singleton.lease.contract import LeaseBackend
-from singleton.redact import cut_short, redact, userinfo_cut_short
-from singleton.service.config import Config, ListenerConfig
+from singleton.redact import redact
+from singleton.service.config import Config, ListenerConfig, read_config_file, secret_keys
+from singleton.service.config.urls import check_option_urls
 from singleton.service.registry import job_function, listener_kind
 
 
@@ -31,10 +37,7 @@ def build_listener(lc: ListenerConfig, config: Config) -> ChangeStreamListener:
     the service settings its kind declares (Elasticsearch URL and credentials, lease ttl) fill
     in what the table did not set."""
     kind = listener_kind(lc.use)
-    for option, value in lc.options.items():  # a URL of the table's own, as `es = "https://..."`
-        urls = value.split(",") if isinstance(value, str) else []  # es: a list of them
-        if any(userinfo_cut_short(url.strip()) for url in urls):
-            raise ConfigurationError(f"listener {lc.use!r}: {option}: {cut_short(value)}")
+    check_options(lc, kind.cls)
     options = dict(lc.options)
     for option, key in kind.service_options.items():
         table, _, sub = key.partition(".")
@@ -50,6 +53,49 @@ def build_listener(lc: ListenerConfig, config: Config) -> ChangeStreamListener:
         raise ConfigurationError(f"listener {lc.use!r}: {type(exc).__name__}: {exc}") from exc
 
 
+def check_options(lc: ListenerConfig, cls: type[ChangeStreamListener]) -> None:
+    """What the service refuses in a ``[[listeners]]`` table before the listener sees it: a URL
+    of the table's own (``es = "https://..."``, maybe a list) that a parser would cut short or
+    that holds a control character, and for an Elasticsearch listener an ``index`` that
+    Elasticsearch would not take (refused, not rewritten)."""
+    for option, value in lc.options.items():
+        check_option_urls(f"listener {lc.use!r}: {option}", value)
+    if issubclass(cls, ElasticsearchSync):
+        template = lc.options.get("index", cls.index)
+        why = index_template_problem(template) if isinstance(template, str) else None
+        if why is not None:
+            raise ConfigurationError(f"listener {lc.use!r}: index {template!r} {why}")
+
+
+#: What Elasticsearch refuses in an index name (its rules, as of 7.0 and since).
+_INDEX_FORBIDDEN = re.compile(r'[\\/*?"<>|,#: A-Z]')
+_INDEX_RULES = (
+    'Elasticsearch index names are lower case, hold none of \\ / * ? " < > | , # : or a space,'
+    " do not start with - _ or +, are not . or .., and have at most 255 bytes"
+)
+_PLACEHOLDER = re.compile(r"\{(?:database|collection)\}")
+
+
+def index_template_problem(template: str) -> str | None:
+    """``None``, or why the index name ``template`` (with ``{database}`` and ``{collection}``)
+    is one Elasticsearch would refuse, by what the template itself writes: the names it fills
+    in are the listener's to make valid (lower-cased, as documented there)."""
+    literal = _PLACEHOLDER.sub("x", template)
+    bad = _INDEX_FORBIDDEN.search(literal)
+    if literal in (".", "..") or len(literal.encode()) > 255:
+        return f"is too long or reserved: {_INDEX_RULES}"
+    if bad is None and not literal.startswith(("-", "_", "+")):
+        return None
+    if bad is None:
+        what = f"a leading {literal[0]!r}"
+    else:
+        what = "upper case" if bad[0].isupper() else f"a {bad[0]!r}"
+    pieces = [_INDEX_FORBIDDEN.sub("_", p.lower()) for p in _PLACEHOLDER.split(template)]
+    names = [*_PLACEHOLDER.findall(template), ""]
+    fixed = "".join(p + n for p, n in zip(pieces, names, strict=True)).lstrip("-_+")
+    return f"has {what}: {_INDEX_RULES} (e.g. index = {fixed!r})"
+
+
 def listener_name(lc: ListenerConfig) -> str:
     """The name a ``[[listeners]]`` table's listener goes by (its lease and checkpoint key when
     it has one partition): the table's ``name``, else its class's, else ``database.collection``
@@ -57,6 +103,7 @@ def listener_name(lc: ListenerConfig) -> str:
     :class:`~listeners.base.ChangeStreamListener` names itself. Imports the class; never
     instantiates it."""
     cls = listener_kind(lc.use).cls
+    check_options(lc, cls)
 
     def option(key: str) -> object:
         return lc.options[key] if key in lc.options else getattr(cls, key, None)
@@ -153,26 +200,72 @@ def build_scheduler(
     return scheduler
 
 
-def warn_without_persistence(redis_url: str) -> None:
-    """A Redis checkpoint store that keeps nothing on disk loses every position on a restart:
-    say so once at start-up (a managed Redis that hides ``CONFIG`` is given the benefit of the
-    doubt)."""
+def _redis_settings(redis_url: str, *names: str) -> dict[str, str] | None:
+    """``CONFIG GET`` of each of ``names`` on the Redis of ``redis_url`` (under Sentinel, its
+    current master), or ``None`` when it does not answer them: unreachable (the replica says so
+    elsewhere), or a managed Redis / an ACL that hides ``CONFIG`` (given the benefit of the
+    doubt, said at DEBUG)."""
     import redis
 
     from singleton.drivers.redis import client_from_url
 
-    # Under Sentinel this asks the current master (replicas should persist alike; not checked).
     client = client_from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
     try:
-        aof = client.config_get("appendonly").get("appendonly")
-        save = client.config_get("save").get("save")
-    except redis.RedisError:
-        return
+        return {name: str(client.config_get(name).get(name, "")) for name in names}
+    except redis.RedisError as exc:
+        logger.debug("cannot read CONFIG {} of {}: {}", names, redact(redis_url), redact(str(exc)))
+        return None
     finally:
         client.close()
-    if aof == "no" and not save:
+
+
+def warn_without_persistence(redis_url: str) -> None:
+    """A Redis checkpoint store that keeps nothing on disk loses every position on a restart:
+    say so once at start-up."""
+    found = _redis_settings(redis_url, "appendonly", "save")
+    if found is not None and found["appendonly"] == "no" and not found["save"]:
         logger.warning(
             "checkpoint_store = redis, but {} keeps nothing on disk (appendonly no, no save "
             "points): a restart loses every checkpoint; enable appendonly or use the mongo store",
             redact(redis_url),
+        )
+
+
+def warn_evicting_policy(redis_url: str) -> None:
+    """A Redis that evicts keys under memory pressure may drop a lease (a second leader), its
+    fencing counter, a member's heartbeat or a checkpoint: every ``allkeys-*`` policy, and every
+    ``volatile-*`` one too (lease and member keys carry a TTL). Say so once at start-up."""
+    found = _redis_settings(redis_url, "maxmemory-policy", "maxmemory")
+    policy = "" if found is None else found["maxmemory-policy"]
+    if policy.startswith(("allkeys-", "volatile-")):
+        limit = found["maxmemory"] if found else "?"
+        limit = "maxmemory 0: no limit yet" if limit in ("", "0") else f"maxmemory {limit} bytes"
+        logger.warning(
+            "{} has maxmemory-policy {} ({}): under memory pressure it evicts lease, fencing,"
+            " member and checkpoint keys (a lost lease key lets a second leader in); set"
+            " maxmemory-policy noeviction on the Redis that holds singleton's keys",
+            redact(redis_url),
+            policy,
+            limit,
+        )
+
+
+def warn_world_readable(path: str | None) -> None:
+    """A configuration file that every user of the machine may read should hold no password:
+    say so once at start-up, naming the keys that hold one (never their values)."""
+    if path is None:
+        return
+    try:
+        mode = os.stat(path).st_mode
+        keys = secret_keys(read_config_file(path))
+    except (OSError, ConfigurationError):
+        return  # (read and refused by the configuration already, or gone since)
+    if mode & stat.S_IROTH and keys:
+        logger.warning(
+            "config file {} is readable by every user of this machine (mode {:o}) and holds"
+            " secrets in {}: chmod o-r it (600 or 640), or pass them in SINGLETON_* environment"
+            " variables",
+            path,
+            stat.S_IMODE(mode),
+            ", ".join(keys),
         )

@@ -177,12 +177,14 @@ def config_path(args: argparse.Namespace, environ: Mapping[str, str]) -> str | N
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from singleton.service.assembly import warn_world_readable
     from singleton.service.logs import setup_logging
     from singleton.service.metrics import MetricsServer
     from singleton.service.replica import Replica
 
     config = config_from_args(args)
     setup_logging(config.log_format, config.log_level, config.identity)
+    warn_world_readable(config_path(args, os.environ))
     replica = Replica(config, switches=TestSwitches.from_environ(os.environ))
     metrics = None
     if config.metrics_address not in (None, "", "off"):
@@ -214,6 +216,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from singleton.service.status import cluster_status, describe_store, format_status, store_entry
 
     config = config_from_args(args)
+    for name in args.lease:
+        if not name:
+            raise ConfigurationError(f"--lease must name a lease, got {name!r}")
     path = config_path(args, os.environ)
     if path is None and not (config.listeners or config.jobs or args.lease):
         print(  # noqa: T201

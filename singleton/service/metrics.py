@@ -249,8 +249,20 @@ def _balance_families(balancer: Balancer | None) -> list[Metric]:
     return [members, held, share]
 
 
+#: Seconds a connection may stay silent (no request line, headers or body read, nothing
+#: written) before it is closed: a scraper sends its request at once.
+CONNECTION_TIMEOUT = 10.0
+#: Connections served at once (one thread each); one more is closed unanswered, so idle or
+#: slow clients can hold at most this many threads.
+MAX_CONNECTIONS = 16
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.connection_timeout)  # a silent client is let go
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -284,17 +296,45 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class MetricsServer(ThreadingHTTPServer):
+    """One thread per connection, at most ``max_connections`` of them, each ended by
+    ``connection_timeout`` seconds of silence."""
+
     daemon_threads = True
 
-    def __init__(self, replica: Replica, address: str) -> None:
+    def __init__(
+        self,
+        replica: Replica,
+        address: str,
+        *,
+        connection_timeout: float = CONNECTION_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         host, _, port = address.rpartition(":")
         super().__init__((host, int(port)), _Handler)
+        self.connection_timeout = connection_timeout
+        self._slots = threading.BoundedSemaphore(max_connections)
         self.replica = replica
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ReplicaCollector(replica))
         self._thread = threading.Thread(
             target=self.serve_forever, name="singleton-metrics", daemon=True
         )
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):  # full: refuse, rather than queue a thread
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     @property
     def url(self) -> str:

@@ -34,6 +34,7 @@ from singleton.lease.contract import LeaseBackend
 from singleton.service.assembly import (
     build_scheduler,
     placed_listeners,
+    warn_evicting_policy,
     warn_without_persistence,
 )
 from singleton.service.config import Config, TestSwitches
@@ -134,6 +135,9 @@ class Replica:
             )
 
     def start(self) -> Replica:
+        checkpoints = self._listeners and self.config.checkpoint_store == "redis"
+        if checkpoints or (self._own_backend and self.config.backend == "redis"):
+            warn_evicting_policy(self.config.redis_url)
         if self._listeners:
             self._host_listeners()
         if self.balancer is not None:

@@ -28,6 +28,7 @@ from listeners.elasticsearch.transport import Transport, make_transport, path_in
 from listeners.elasticsearch.versioning import timestamp_version
 from singleton.drivers import mongo
 from singleton.errors import ConfigurationError, SinkError
+from singleton.redact import redact
 from singleton.service.assembly import build_listener, lease_names, listener_name
 from singleton.service.config import Config
 from singleton.service.registry import listener_kind
@@ -100,11 +101,17 @@ def verify(
     judged from a sample and are not looked for)."""
     if sample is not None and sample < 1:
         raise ConfigurationError(f"--sample must be >= 1, got {sample}")
+    listeners = es_listeners(config, name)
     client, _ = mongo.client(config.mongo_url, mongo.Timeouts.BULK_READ)
     try:
-        return [
-            _verify_one(listener, client, repair, sample) for listener in es_listeners(config, name)
-        ]
+        reports = []
+        for listener in listeners:
+            # an unreachable MongoDB is a failed verdict (exit 1), said in one line
+            with mongo.translate(
+                f"verify {listener.lease_name}: MongoDB {redact(config.mongo_url)}"
+            ):
+                reports.append(_verify_one(listener, client, repair, sample))
+        return reports
     finally:
         client.close()
 

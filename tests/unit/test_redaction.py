@@ -3,9 +3,12 @@ printable characters, written into URLs raw or percent-encoded, checked against 
 that can show a URL: ``redact`` itself, the exit-2 message, ``Config.redacted()`` (what status and
 logs show of the configuration), a lease backend's description (in every log line about it) and
 the JSON log format. The URLs include Redis Sentinel's, whose Sentinels have a password of their
-own (``sentinel_password=``). Passwords made of pieces joined by ``#``, ``/``, ``?``, ``@``, ``%``,
-spaces or non-ASCII are searched piece by piece in every URL key's parser errors, which once
-quoted a piece as a port."""
+own (``sentinel_password=``), written raw in the query too. Passwords hold spaces, tabs and line
+ends as well as ``,`` and ``&``, and are searched as written, percent-encoded, and escaped as
+``repr`` and JSON write them. Passwords made of pieces joined by ``#``, ``/``, ``?``, ``@``, ``%``,
+``,``, ``&``, spaces, tabs, line ends or non-ASCII are searched piece by piece in every URL key's
+parser errors, which once quoted a piece as a port (a comma-cut piece of ``es_url`` as a host, a
+``&``-cut piece of a ``sentinel_password`` as a parameter)."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from singleton.service.config import load_config
 
 #: Any printable characters between two markers, so that a generated password can never be
 #: mistaken for the fixed text around it ("mongodb+srv://", "must start with"...).
-PASSWORDS = st.text(alphabet=string.printable.strip(), min_size=1, max_size=20).map(
+PASSWORDS = st.text(alphabet=string.printable.strip() + " \t\n", min_size=1, max_size=20).map(
     lambda middle: f"Pw{middle}wP"
 )
 TEMPLATES = (
@@ -34,11 +37,18 @@ TEMPLATES = (
     # a query value is always percent-encoded: a raw '&' there would start another parameter
     "mongodb://app:{p}@db.internal/?authMechanismProperties=AWS_SESSION_TOKEN:{q}",
     "https://elastic:{p}@search.internal:9200",
+    # es_url is a list: the Elasticsearch listener splits it at every comma
+    "https://elastic:{p}@search1.internal:9200,https://search2.internal:9200",
     # Redis behind Sentinel: the master's password, the Sentinels' own (a query value), TLS
     "redis+sentinel://:{p}@s1.internal:26379,s2.internal/mymaster/0?sentinel_password={q}",
     "rediss+sentinel://app:{p}@s1.internal:26379/mymaster?sentinel_username=sen&"
     "sentinel_password={q}&ssl_ca_certs=/etc/ca.pem&ssl_cert_reqs=required",
     "redis+sentinel://s1.internal:26379/mymaster?sentinel_username=sen&sentinel_password={q}",
+    # ... and written raw: a space, a line end or an `&` in it (the value and what follows)
+    "redis+sentinel://s1.internal:26379/mymaster?sentinel_password={p}",
+    "redis+sentinel://s1.internal:26379/mymaster?sentinel_password={p}&sentinel_username=sen",
+    # redis-py's own query: a raw `&` in its password made an unknown connection keyword
+    "redis://cache.internal:6379/0?password={p}&db=1",
 )
 ENCODINGS = (lambda p: p, quote, quote_plus)
 
@@ -52,8 +62,17 @@ def _urls(password: str) -> list[str]:
     return [t.format(p=enc(password), q=q) for t in TEMPLATES for enc in ENCODINGS]
 
 
+def _unescaped(text: str) -> str:
+    """``text`` with the escapes of ``repr`` and JSON (``\\n``, ``\\t``, ``\\'``, ``\\xe9``,
+    ``\\u00e9``...) read back, so that a password shown escaped is found too."""
+    try:
+        return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError:  # a lone backslash at the end: nothing was escaped there
+        return text
+
+
 def _leaks(text: str, password: str) -> bool:
-    return any(form in text for form in _forms(password))
+    return any(form in shown for shown in (text, _unescaped(text)) for form in _forms(password))
 
 
 def _assume_distinct(password: str) -> None:
@@ -143,7 +162,9 @@ PIECES = st.one_of(
     ),
     st.integers(1000, 65535).map(str),
 )
-SEPARATORS = st.sampled_from(["#", "/", "?", "@", "%", " ", "é", "#/", "?#", "@#", "%zz"])
+SEPARATORS = st.sampled_from(
+    ["#", "/", "?", "@", "%", " ", "é", "#/", "?#", "@#", "%zz", ",", "&", "\n", "\t", " &", ",\n"]
+)
 
 
 @st.composite
@@ -157,6 +178,20 @@ def _leaks_a_piece(text: str, password: str, pieces: list[str]) -> bool:
     return _leaks(text, password) or any(piece in text for piece in pieces)
 
 
+def _elasticsearch_channels(url: str) -> list[str]:
+    """What the Elasticsearch listener's transport shows of an ``es_url`` the service accepted:
+    its description of the nodes, or its error."""
+    from listeners.elasticsearch.transport import connect, describe
+    from singleton.errors import SingletonError
+
+    try:
+        shown = [describe(url)]
+        connect(url).close()  # connects to nothing yet
+    except SingletonError as exc:
+        shown = [str(exc)]
+    return shown
+
+
 def _url_key(url: str) -> str:
     if url.startswith("mongodb"):
         return "mongo_url"
@@ -167,7 +202,7 @@ def _driver_channels(url: str) -> list[str]:
     """What the drivers show of ``url``: their error, else their description of the client.
     (Elasticsearch URLs reach a client only through the service's checks: ``es_url`` and a
     listener table's own URL options are refused before ``listeners.elasticsearch`` parses
-    them.)"""
+    them; what its transport shows of an accepted one is :func:`_elasticsearch_channels`.)"""
     from singleton.drivers import mongo
     from singleton.drivers.redis import client_from_url, describe_client
     from singleton.errors import SingletonError
@@ -220,6 +255,8 @@ def test_parser_errors_never_show_a_piece_of_it(
             shown.append(json.dumps(config.redacted()))
             store = store_entry(config, None)
             shown += [json.dumps(store), describe_store(store)]
+            if key == "es_url":
+                shown += _elasticsearch_channels(url)
         shown += _driver_channels(url)
         for text in shown:
             assert not _leaks_a_piece(text, password, pieces), (url, text)

@@ -37,10 +37,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from singleton.drivers import redis as redis_client
 from singleton.errors import ConfigurationError
 from singleton.lease.timings import LeaseTimings
-from singleton.redact import PERCENT_ENCODE, cut_short, redact, userinfo_cut_short
+from singleton.redact import MASK, is_secret_parameter, redact
 from singleton.service.config.tables import (
     JobConfig as JobConfig,
 )
@@ -52,6 +51,8 @@ from singleton.service.config.tables import (
     job_config,
     listener_config,
 )
+from singleton.service.config.urls import SCHEMES as URL_SCHEMES
+from singleton.service.config.urls import check_url
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -97,9 +98,10 @@ class LeaseConfig:
     cooldown: float | None = None
 
     def timings(self) -> LeaseTimings:
-        """The validated timings (defaults derived from ``ttl``); raises naming the values."""
+        """The validated timings (defaults derived from ``ttl``) within the service's
+        :data:`TIMING_BOUNDS`; raises naming the values."""
         try:
-            return LeaseTimings.of(
+            timings = LeaseTimings.of(
                 self.ttl,
                 self.renew_interval,
                 self.renew_deadline,
@@ -107,8 +109,51 @@ class LeaseConfig:
                 self.max_tenure,
                 self.cooldown,
             )
+            _within_bounds(timings)
         except ConfigurationError as exc:
             raise ConfigurationError(f"lease: {exc}") from None
+        return timings
+
+
+#: The service's bounds on ``[lease]`` timings, in seconds: key -> (least, most, why). Tighter
+#: than :class:`~singleton.lease.timings.LeaseTimings`'s own, which tests and embedders may push
+#: lower. ``max_tenure``'s least is a multiple of ttl (:data:`MIN_TENURE_TTLS`).
+TIMING_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "ttl": (
+        1.0,
+        3600.0,
+        "under 1 s one slow round trip or pause deposes a leader; over an hour a crashed"
+        " leader blocks its lease that long",
+    ),
+    "renew_interval": (0.05, 3600.0, "at most 20 renewals a second per lease"),
+    # 4 x the listener runner's stream poll (its max_await_time, 0.1 s): a leader waits at
+    # most a quarter of its renew deadline for the stream before it looks at its lease again.
+    "renew_deadline": (0.4, 3600.0, "4 x the listeners' 0.1 s stream poll"),
+    "retry_interval": (0.05, 3600.0, "at most 20 contends a second per lease and follower"),
+    "cooldown": (0.0, 3600.0, "a resigned replica comes back within an hour"),
+}
+#: ``max_tenure``, when set, is at least this many ttls: each rotation is a handover (a drain,
+#: a release, the successor's start), and a tenure must have time to work between two.
+MIN_TENURE_TTLS = 2.0
+#: The most seconds ``shutdown_timeout`` (and so ``drain_timeout``) may be.
+MAX_SHUTDOWN_TIMEOUT = 3600.0
+
+
+def _within_bounds(timings: LeaseTimings) -> None:
+    for key, (least, most, why) in TIMING_BOUNDS.items():
+        value = getattr(timings, key)
+        if not least <= value <= most:
+            # (ttl is checked first: the values derived from it are then within bounds)
+            raise ConfigurationError(
+                f"{key} must be from {least:g} s to {most:g} s ({why}), got {value:.6g}"
+            )
+    tenure, least = timings.max_tenure, MIN_TENURE_TTLS * timings.ttl
+    if tenure is not None and tenure < least:
+        raise ConfigurationError(
+            f"max_tenure must be unset or >= {MIN_TENURE_TTLS:g} x ttl ({least:g} s): each"
+            f" rotation is a handover, and a tenure needs time to work between two; got"
+            f" {tenure:.6g}"
+        )
 
 
 @dataclass(frozen=True)
@@ -149,8 +194,8 @@ class Config:
                 value = "***"
             elif f.name == "lease":
                 value = {lf.name: getattr(value, lf.name) for lf in fields(value)}
-            elif f.name == "listeners":
-                value = [lc.as_table() for lc in value]
+            elif f.name == "listeners":  # a table's own URLs and keys may hold secrets too
+                value = [_redacted(lc.as_table()) for lc in value]
             elif f.name == "jobs":
                 # the table's keys, not what was built from them (the trigger)
                 value = [
@@ -246,6 +291,62 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The TOML of the file at ``path``, or :class:`ConfigurationError` saying why not."""
+    p = Path(path)
+    try:
+        data: dict[str, Any] = tomllib.loads(p.read_text(encoding="utf-8"))
+        return data
+    except FileNotFoundError:
+        raise ConfigurationError(f"config file {str(p)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigurationError(f"config file {str(p)!r} is a directory") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(
+            f"config file {str(p)!r} is not UTF-8 text (byte {exc.start}: {exc.reason})"
+        ) from None
+    except OSError as exc:
+        raise ConfigurationError(f"config file {str(p)!r} cannot be read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigurationError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+
+
+#: Keys whose values are secrets whatever they look like.
+_SECRET_KEYS = ("es_api_key", "api_key", "basic_auth")
+
+
+def _redacted(value: Any) -> Any:
+    """A table's ``value`` as it may be shown: what :func:`secret_keys` finds, hidden."""
+    if isinstance(value, Mapping):
+        return {
+            k: MASK if v and (k in _SECRET_KEYS or is_secret_parameter(str(k))) else _redacted(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    return redact(value) if isinstance(value, str) else value
+
+
+def secret_keys(data: Any, where: str = "") -> list[str]:
+    """The keys of configuration ``data`` (a file's TOML) holding a secret: a URL with a
+    password or a secret query parameter (what :func:`~singleton.redact.redact` would hide),
+    ``es_api_key`` and the like, or any key named like a password; as ``listeners[0].es``."""
+    found: list[str] = []
+    if isinstance(data, Mapping):
+        for key, value in data.items():
+            name = f"{where}.{key}" if where else str(key)
+            if value and (key in _SECRET_KEYS or is_secret_parameter(str(key))):
+                found.append(name)
+            else:
+                found += secret_keys(value, name)
+    elif isinstance(data, list):
+        for n, value in enumerate(data):
+            found += secret_keys(value, f"{where}[{n}]")
+    elif isinstance(data, str) and redact(data) != data:
+        found.append(where)
+    return found
+
+
 def load_config(
     path: str | Path | None = None,
     environ: Mapping[str, str] | None = None,
@@ -254,22 +355,7 @@ def load_config(
     """File, then environment, then ``overrides`` (flags); later wins. Validates everything."""
     merged: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigurationError(f"config file {str(p)!r} does not exist") from None
-        except IsADirectoryError:
-            raise ConfigurationError(f"config file {str(p)!r} is a directory") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigurationError(
-                f"config file {str(p)!r} is not UTF-8 text (byte {exc.start}: {exc.reason})"
-            ) from None
-        except OSError as exc:
-            raise ConfigurationError(f"config file {str(p)!r} cannot be read: {exc}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigurationError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
-        _merge(merged, data, str(p), from_text=False)
+        _merge(merged, read_config_file(path), str(path), from_text=False)
     if environ:
         _merge(merged, env_overrides(environ), "environment", from_text=True)
     if overrides:
@@ -301,63 +387,24 @@ def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
         )
 
 
-def _check_mongo_url(url: str) -> None:
-    """Parse a ``mongodb://`` URL before anything connects (``+srv`` needs DNS: left to the
-    driver), so an unencoded ``@`` or ``%`` in a password is a clean exit naming the value."""
-    if not url.startswith("mongodb://"):
-        return
-    from pymongo.errors import InvalidURI
-    from pymongo.uri_parser import parse_uri
-
-    try:
-        parse_uri(url)
-    except (InvalidURI, ValueError) as exc:
-        why = redact(str(exc))
-        fix = f"; {PERCENT_ENCODE}" if "escaped" in why else ""
-        raise ConfigurationError(
-            f"mongo_url is not a valid MongoDB URL, got {redact(url)!r}: {why}{fix}"
-        ) from None
-
-
-#: URL key -> where its parser ends a URL's host part (pymongo reads a raw ``#`` in a password
-#: as part of it; redis-py, elastic-transport and our Sentinel parser do not).
-_AUTHORITY_ENDS = {"redis_url": "/?#", "mongo_url": "/?", "es_url": "/?#"}
-
-
 def _validate(config: Config) -> None:
     _choice("backend", config.backend, BACKENDS)
     _choice("checkpoint_store", config.checkpoint_store, BACKENDS)
     _choice("log_format", config.log_format, LOG_FORMATS)
     _choice("log_level", config.log_level.upper(), LOG_LEVELS)
-    for key, schemes in (
-        ("redis_url", redis_client.SCHEMES),
-        ("mongo_url", ("mongodb://", "mongodb+srv://")),
-        ("es_url", ("http://", "https://")),
-    ):
-        value = getattr(config, key)
-        if not value.startswith(schemes):
-            raise ConfigurationError(
-                f"{key} must start with {' or '.join(schemes)}, got {redact(value)!r}"
-            )
-        for url in value.split(",") if key == "es_url" else [value]:  # es_url: a list
-            if userinfo_cut_short(url.strip(), _AUTHORITY_ENDS[key]):
-                raise ConfigurationError(f"{key}: {cut_short(url.strip())}")
-    try:  # parsed as the lease backend and the checkpoint store will parse it
-        redis_client.check_url(config.redis_url)
-    except ConfigurationError as exc:
-        url = redact(config.redis_url)
-        raise ConfigurationError(
-            f"redis_url is not a valid Redis URL, got {url!r}: {exc}"
-        ) from None
-    _check_mongo_url(config.mongo_url)
+    for key in URL_SCHEMES:
+        check_url(key, getattr(config, key))
     if config.metrics_address not in (None, "", "off"):
         host, _, port = str(config.metrics_address).rpartition(":")
         if not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ConfigurationError(
                 f"metrics_address must be HOST:PORT or 'off', got {config.metrics_address!r}"
             )
-    if config.shutdown_timeout <= 0:
-        raise ConfigurationError(f"shutdown_timeout must be > 0, got {config.shutdown_timeout!r}")
+    if not 0 < config.shutdown_timeout <= MAX_SHUTDOWN_TIMEOUT:
+        raise ConfigurationError(
+            f"shutdown_timeout must be > 0 and <= {MAX_SHUTDOWN_TIMEOUT:g} seconds (a stop must"
+            f" end), got {config.shutdown_timeout!r}"
+        )
     if not 0 < config.drain_timeout <= config.shutdown_timeout:
         raise ConfigurationError(
             f"drain_timeout must be > 0 and <= shutdown_timeout ({config.shutdown_timeout!r}), "

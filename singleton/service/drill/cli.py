@@ -23,7 +23,8 @@ from typing import Any
 
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.lease.timings import LeaseTimings
-from singleton.redact import cut_short, redact, userinfo_cut_short
+from singleton.redact import redact
+from singleton.service.config.urls import check_url
 from singleton.service.drill.cluster import DRILL_OPLOG_ENTRIES
 from singleton.service.drill.faults import KINDS, PROXY_KINDS, parse_kinds
 from singleton.service.drill.run import Drill, DrillOptions
@@ -116,13 +117,16 @@ def options_from(args: argparse.Namespace) -> DrillOptions:
         raise ConfigurationError(f"--oplog-entries must be >= 0, got {args.oplog_entries}")
     if args.sentinel and (args.backend != "redis" or args.redis_url):
         raise ConfigurationError("--sentinel needs --backend redis and starts its own Redis")
-    for flag, url, ends in (
-        ("--redis-url", args.redis_url, "/?#"),
-        ("--mongo-url", args.mongo_url, "/?"),  # pymongo reads a raw '#' in a password
-        ("--es-url", args.es_url, "/?#"),
+    for flag, url in (
+        ("--redis-url", args.redis_url),
+        ("--mongo-url", args.mongo_url),
+        ("--es-url", args.es_url),
     ):
-        if url and userinfo_cut_short(url, ends):
-            raise ConfigurationError(f"{flag}: {cut_short(url)}")
+        if url:  # checked as the replicas' configuration will check it, naming the flag
+            try:
+                check_url(flag[2:].replace("-", "_"), url)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"{flag}: {exc}") from None
     kinds = parse_kinds(args.faults, args.backend, sentinel=args.sentinel)
     if args.redis_url and any(k.startswith("redis-") for k in kinds):
         raise ConfigurationError("redis-restart and redis-pause need the embedded Redis")
