@@ -83,6 +83,10 @@ class ListenerContext:
     #: The runner's clock: every deadline of the tenure, the sink's included, is read from it
     #: (``flush``'s ``deadline`` is a ``clock.monotonic()`` time).
     clock: Clock = SYSTEM_CLOCK
+    #: Set by the runner when the tenure resumed from a saved checkpoint: what the listener
+    #: wrote before is expected to be there (a sink that finds its target gone raises
+    #: :class:`~singleton.errors.SinkLostError`, and the tenure resyncs).
+    resumed: bool = False
 
     @property
     def token(self) -> int:

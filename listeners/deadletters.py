@@ -28,6 +28,7 @@ from singleton.errors import (
     LeaseLostError,
     PermissionDeniedError,
     PoisonEventError,
+    SinkLostError,
     SinkRejectedError,
 )
 from singleton.retry import Backoff
@@ -211,6 +212,7 @@ NOT_ABOUT_EVENTS: tuple[type[BaseException], ...] = (
     BackendUnavailableError,
     PermissionDeniedError,
     SinkRejectedError,
+    SinkLostError,
 )
 #: Events that fail alone one after another, none handled after them, that one delivery tries
 #: before it takes them for the listener's failure rather than a run of poison events.

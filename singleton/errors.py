@@ -56,6 +56,12 @@ class SinkRejectedError(SinkError):
     dead-lettering the batch."""
 
 
+class SinkLostError(SinkError):
+    """The sink no longer holds what was written to it (its index deleted, its alias removed
+    under the listener): the checkpoint is past events the sink lost, so only a copy makes it
+    equal again. The tenure resyncs (a listener with an ``initial_sync``) or fails."""
+
+
 class HistoryLostError(SingletonError):
     """The saved resume position is no longer in the oplog (server error 286 and its family)."""
 

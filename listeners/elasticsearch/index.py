@@ -15,11 +15,17 @@ used as it is until the next initial sync or resync, whose ``_aliases`` call rem
 Every physical index is created with the user's settings and mappings and a raised
 ``index.gc_deletes`` (why and how much: :mod:`.sync`); an existing one whose setting is lower is
 raised. Another leader may drop or recreate indexes while this one is not leading, so what was
-checked is forgotten at the start of every tenure (:meth:`IndexKeeper.forget`).
+checked is forgotten at the start of every tenure (a keeper per tenure).
 
 Errors: a failed request raises :func:`.transport.request_error` (429 / 5xx transient, other
 statuses permanent), except a 404 from ``_aliases``, which means the aliases changed under us
 (another leader): transient, the runner retries.
+
+Lost targets: a tenure that resumed from a checkpoint expects its alias (or adopted index) to be
+there. Finding neither (an operator deleted the index or removed the alias while no one led)
+raises :class:`~singleton.errors.SinkLostError` rather than creating an empty index to stream
+on into, and the tenure resyncs; writes through an alias require one (``require_alias``), so an
+alias removed mid-tenure is the same error on the next bulk, never an auto-created index.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from bson import json_util
 
 from listeners.elasticsearch.transport import Transport, error_text, path_index, request_error
-from singleton.errors import SinkUnavailableError
+from singleton.errors import SinkLostError, SinkUnavailableError
 
 if TYPE_CHECKING:
     from listeners.base import ListenerContext
@@ -83,6 +89,15 @@ class IndexKeeper:
         self.settings = dict(settings or {})
         self.mappings = dict(mappings or {})
         self._ready: set[str] = set()
+        #: Names known to be aliases: writes to them require one (``require_alias``), so that
+        #: an alias deleted under the listener is an error, never an auto-created index.
+        self.aliases: set[str] = set()
+        self._deleted: set[str] = set()  # by this keeper (``on_drop``): not lost, recreated
+        #: Whether writes check the physical index they landed in (a partition's keeper:
+        #: another partition may replace a deleted index behind the alias), and what each
+        #: alias pointed to when found.
+        self.watch = False
+        self.watched: dict[str, frozenset[str]] = {}
 
     # -- what the stream writes to -----------------------------------------------------------
     def ensure(self, name: str, ctx: ListenerContext) -> None:
@@ -96,11 +111,36 @@ class IndexKeeper:
         if targets:
             for target in targets:
                 self._raise_gc_deletes(target, ctx)
+            self._watching(name, targets)
         elif self.exists(name):
             self._raise_gc_deletes(name, ctx)
+        elif ctx.resumed and name not in self._deleted:
+            raise SinkLostError(
+                f"index {name} is gone (neither an alias nor an index of that name exists),"
+                " though this listener's checkpoint is past what it wrote there: deleted under"
+                " it? Only a copy makes it equal again"
+            )
         else:
             self.fresh(name, ctx, with_alias=True)
+            self.aliases.add(name)
         self._ready.add(name)
+
+    def watch_alias(self, alias: str) -> bool:
+        """Whether ``alias`` is an alias now; if so, writes through it require one and, on a
+        watching keeper, must land in what it points to now."""
+        targets = self.targets(alias)
+        if targets:
+            self._watching(alias, targets)
+        return bool(targets)
+
+    def _watching(self, alias: str, targets: list[str]) -> None:
+        self.aliases.add(alias)
+        if self.watch:
+            self.watched[alias] = frozenset(targets)
+
+    def forget(self, name: str) -> None:
+        """Check ``name`` again before the next write (:meth:`ensure`)."""
+        self._ready.discard(name)
 
     def targets(self, alias: str) -> list[str]:
         """The physical indexes ``alias`` points to (none: no such alias)."""
@@ -172,6 +212,8 @@ class IndexKeeper:
             ", ".join(old) or ("the plain index " + alias if plain else "nothing"),
         )
         self._ready.discard(alias)
+        self._deleted.discard(alias)
+        self.watched.pop(alias, None)
         for name in sorted(set(old) | set(self._leftovers(alias, target))):
             self.delete(name, ctx)
 
@@ -200,6 +242,7 @@ class IndexKeeper:
             ctx.logger.info("elasticsearch: deleted index {}", index)
             self._ready.discard(index)
         self._ready.discard(name)
+        self._deleted.add(name)
 
     def _raise_gc_deletes(self, name: str, ctx: ListenerContext) -> None:
         status, resp = self._request("GET", name, "/_settings")

@@ -27,15 +27,17 @@ if TYPE_CHECKING:
 
 
 def live_index(index: IndexKeeper, alias: str, part: Partition, ctx: ListenerContext) -> str:
-    """The index a partition copies into: the alias, created (by partition 0) if missing."""
-    if index.targets(alias) or index.exists(alias):
-        return alias
-    if part.index != 0:
-        raise SinkUnavailableError(
-            f"index {alias} does not exist yet: partition {part.index} of {part.count} waits for "
-            "partition 0 to create it"
-        )
-    index.fresh(alias, ctx, with_alias=True)
+    """The index a partition copies into: the alias, created (by partition 0) if missing. What
+    it points to now is what this partition's writes must land in from here on."""
+    index.forget(alias)
+    if not index.watch_alias(alias) and not index.exists(alias):
+        if part.index != 0:
+            raise SinkUnavailableError(
+                f"index {alias} does not exist yet: partition {part.index} of {part.count} waits"
+                " for partition 0 to create it"
+            )
+        index.fresh(alias, ctx, with_alias=True)
+        index.watch_alias(alias)
     return alias
 
 

@@ -35,7 +35,12 @@ from dataclasses import dataclass, field
 from listeners.elasticsearch.bulk import BulkItem, BulkWriter, Check, Wait
 from listeners.runtime.handover import HandoverInterrupted
 from singleton.clock import SYSTEM_CLOCK, Clock
-from singleton.errors import LeaseLostError, SinkRejectedError, SinkUnavailableError
+from singleton.errors import (
+    LeaseLostError,
+    SinkLostError,
+    SinkRejectedError,
+    SinkUnavailableError,
+)
 
 __all__ = ["BulkWindow"]
 
@@ -97,10 +102,14 @@ class BulkWindow:
         if not self._entries:
             self.open()
         limits, versioned = self._writer.limits, self._writer.versioned
+        sizes = [len(item.lines or item.encoded(versioned)) for item in items]
+        total = sum(sizes)
+        if items and len(items) <= limits.bulk_actions and total <= limits.bulk_bytes:
+            self._send(list(items), total, check, wait_fn, stop)  # (a stream batch: one request)
+            return
         chunk: list[BulkItem] = []
         size = 0
-        for item in items:
-            n = len(item.encoded(versioned))
+        for item, n in zip(items, sizes, strict=True):
             if chunk and (len(chunk) >= limits.bulk_actions or size + n > limits.bulk_bytes):
                 self._send(chunk, size, check, wait_fn, stop)
                 chunk, size = [], 0
@@ -185,7 +194,7 @@ class BulkWindow:
 def _sink_error(exc: BaseException) -> BaseException:
     """A failed request as the runner must see it: never an error the poison handler would
     pin on the events of a later batch (which had nothing to do with it)."""
-    if isinstance(exc, (LeaseLostError, SinkUnavailableError, SinkRejectedError)):
+    if isinstance(exc, (LeaseLostError, SinkLostError, SinkUnavailableError, SinkRejectedError)):
         return exc
     failed = SinkUnavailableError(f"bulk request failed: {type(exc).__name__}: {exc}")
     failed.__cause__ = exc

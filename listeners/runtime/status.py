@@ -83,6 +83,8 @@ class RunnerStatus:
     #: between tenures.
     batch_size: int | None = None
     history_lost: int = 0
+    #: resyncs because the sink lost what it held (its index or alias deleted under it)
+    sink_lost: int = 0
     reconnects: int = 0
     last_error: str | None = None
     last_outcome: TenureOutcome | None = None

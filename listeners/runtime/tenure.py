@@ -62,6 +62,7 @@ from singleton.errors import (
     PermissionDeniedError,
     PoisonEventError,
     SingletonError,
+    SinkLostError,
     StaleWriterError,
 )
 from singleton.retry import Backoff
@@ -236,6 +237,7 @@ class TenureWorker:
         if cp is not None:
             # Lag counts from the first moment: a sink down at the start shows a growing lag.
             self._board.seen(cp.cluster_time)
+            self.ctx.resumed = True
             logger.info(
                 "resumed from checkpoint at {}: listener={} token={}",
                 cp.cluster_time,
@@ -475,6 +477,8 @@ class TenureWorker:
     def _recover(self, exc: Exception, pos: StartPosition | None) -> StartPosition | None:
         """Where to reopen after ``exc`` (``None``: claim again), or raise when retrying
         cannot help or the failure budget is spent."""
+        if isinstance(exc, SinkLostError):
+            return self._sink_lost(exc)
         kind = "transient" if isinstance(exc, ListenerFailing) else mongo.classify(exc)
         if kind == "history_lost":
             since = None if self._policy.last is None else self._policy.last.cluster_time
@@ -502,6 +506,20 @@ class TenureWorker:
             return None
         self._policy.reload()
         return self._policy.resume_position(pos)
+
+    def _sink_lost(self, exc: SinkLostError) -> StartPosition:
+        """The sink lost what it held (``exc``): copy again, or fail without an initial sync.
+        Never counted against the failure budget: a copy is the repair, not a retry."""
+        if not self._settings.listener.has_initial_sync():
+            raise exc
+        self._board.count(sink_lost=1)
+        logger.error(
+            "the sink lost what it held, resyncing: listener={} token={}: {}",
+            self.name,
+            self.ctx.token,
+            exc,
+        )
+        return self._sync("resync")
 
     def _history_lost(
         self, what: str, since: Timestamp | None, exc: BaseException | None = None

@@ -331,6 +331,29 @@ cooldown = {t.cooldown}
             found = mongo[NAMESPACE]["checkpoints"].delete_many({"_id": {"$in": names}})
             return bool(found.deleted_count)
 
+    def lose_history(self) -> str:
+        """With every replica stopped: turn the first listener's checkpoints into bare cluster
+        times (as they stand right after a copy), then write past the oplog's cap in a scratch
+        collection, so that the oplog no longer reaches back to them; what was done."""
+        names = list(self.listeners[0].leases)
+        with self._mongo() as mongo:
+            checkpoints = mongo[NAMESPACE]["checkpoints"]
+            bare = checkpoints.update_many(
+                {"_id": {"$in": names}}, {"$set": {"resume_token": None, "start_after": False}}
+            )
+            times = [d["cluster_time"] for d in checkpoints.find({"_id": {"$in": names}})]
+            cap = self.oplog_max_entries or 100_000
+            scratch, oplog = mongo[DATABASE]["drill_oplog_filler"], mongo["local"]["oplog.rs"]
+            written = 0
+            while written < cap + 5_000:  # just past the saved times: the stand-in slows down
+                first = oplog.find_one({}, sort=[("$natural", 1)])
+                if first is not None and times and first["ts"] > max(times):
+                    break
+                scratch.insert_many([{"n": written + i} for i in range(1_000)])
+                written += 1_000
+            scratch.drop()
+        return f"{bare.modified_count} checkpoint(s) made bare, {written} oplog entries written"
+
     @contextlib.contextmanager
     def _mongo(self) -> Iterator[Any]:
         client, _ = mongo_client(self.mongo_url, timeout=5.0)

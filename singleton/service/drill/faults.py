@@ -8,6 +8,7 @@ drill waits for a leader that is streaming again before the next one.
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import threading
@@ -17,6 +18,7 @@ from typing import Any
 
 from loguru import logger
 
+from listeners.elasticsearch.transport import Transport, connect
 from singleton.errors import ConfigurationError
 from singleton.service.dev.cluster import ReplicaProcess
 from singleton.service.drill.cluster import DrillCluster
@@ -24,28 +26,48 @@ from singleton.service.drill.cluster import DrillCluster
 #: kind -> share of the default mix (``make drill``: 100 rounds -> 30 stops)
 DEFAULT_MIX: dict[str, float] = {
     "stop": 0.30,
-    "kill": 0.11,
-    "term": 0.09,
-    "rotate": 0.09,
-    "net-cut": 0.07,
-    "redis-restart": 0.05,
-    "redis-pause": 0.05,
-    "clock-jump": 0.06,
-    "lease-wipe": 0.06,
-    "checkpoint-loss": 0.06,
-    "listener-error": 0.06,
+    "kill": 0.09,
+    "term": 0.07,
+    "rotate": 0.08,
+    "net-cut": 0.06,
+    "redis-restart": 0.04,
+    "redis-pause": 0.04,
+    "clock-jump": 0.05,
+    "lease-wipe": 0.05,
+    "checkpoint-loss": 0.05,
+    "listener-error": 0.05,
+    "index-delete": 0.025,
+    "alias-delete": 0.025,
+    "index-close": 0.025,
+    "alias-split": 0.025,
 }
 #: kinds only a Sentinel drill (``--sentinel``) has, and their share of its mix
 SENTINEL_MIX: dict[str, float] = {"sentinel-failover": 0.11}
-KINDS = (*DEFAULT_MIX, *SENTINEL_MIX)
+#: kinds only asked for by name (``--faults history-loss``): the oplog flood slows the stand-in
+#: down for tens of seconds, long enough to cost a MongoDB lease store its leases
+OPT_IN_MIX: dict[str, float] = {"history-loss": 0.02}
+KINDS = (*DEFAULT_MIX, *SENTINEL_MIX, *OPT_IN_MIX)
 REDIS_KINDS = ("redis-restart", "redis-pause")
 #: kinds that need the one embedded Redis or a per-replica proxy in front of the lease store:
 #: Sentinel hands the replicas the master's real address, so ``--sentinel`` leaves them out
 PROXY_KINDS = ("net-cut", *REDIS_KINDS)
 #: seconds from the promotion within which a leader must stream again after sentinel-failover
 PROMOTION_BOUND = 10.0
+#: what an operator does to the index under a streaming leader (every listener's alias): delete
+#: the physical index, remove the alias, close the index for a while, or point the alias at a
+#: second index for a while (no write index)
+SINK_KINDS = ("index-delete", "alias-delete", "index-close", "alias-split")
+#: sink faults that lose the index: with several partitions, one that writes nothing meanwhile
+#: does not notice another partition recreating it, and its documents stay missing (a known
+#: gap, see the README), so a partitioned drill runs them only when asked by name
+LOST_INDEX_KINDS = ("index-delete", "alias-delete")
 #: faults after which events must reach the index within 3 x ttl + 5 s
-STORE_LOSS_KINDS = ("lease-wipe", "checkpoint-loss", "listener-error")
+STORE_LOSS_KINDS = (
+    "lease-wipe",
+    "checkpoint-loss",
+    "listener-error",
+    *SINK_KINDS,
+)
 #: faults aimed at whoever leads
 VICTIM_KINDS = ("kill", "stop", "term", "rotate", "net-cut", "clock-jump", "listener-error")
 #: faults after which the old tenure ends by itself (drain and release) before the takeover
@@ -57,6 +79,9 @@ FORBIDDEN = (
     + f"Content-Length: {len(_FORBIDDEN_BODY)}\r\nConnection: close\r\n\r\n".encode()
     + _FORBIDDEN_BODY
 )
+
+
+_TIMED_SINK = ("index-close", "alias-split")
 
 
 @dataclass(frozen=True)
@@ -71,7 +96,7 @@ class PlannedFault:
     def describe(self) -> str:
         if self.kind == "clock-jump":
             return f"clock-jump {self.param:+.0f}s"
-        if self.kind in ("stop", "redis-pause", "net-cut", "listener-error"):
+        if self.kind in ("stop", "redis-pause", "net-cut", "listener-error", *_TIMED_SINK):
             return f"{self.kind} {self.param:.1f}s"
         if self.kind == "checkpoint-loss":
             return f"{self.kind} ({'all stopped' if self.param else 'running'})"
@@ -96,8 +121,12 @@ class FaultRecord:
         return asdict(self)
 
 
-def parse_kinds(text: str | None, backend: str, *, sentinel: bool = False) -> list[str]:
-    """``--faults`` -> kinds (default: every kind that applies to ``backend`` and ``sentinel``)."""
+def parse_kinds(
+    text: str | None, backend: str, *, sentinel: bool = False, partitions: int = 1
+) -> list[str]:
+    """``--faults`` -> kinds (default: every kind that applies to ``backend`` and ``sentinel``,
+    but the opt-in ones). ``history-loss`` needs one partition: a partition resyncs in place,
+    so documents deleted in the hole stay in the index until ``verify --repair``."""
     if not text:
         return [
             k
@@ -105,11 +134,18 @@ def parse_kinds(text: str | None, backend: str, *, sentinel: bool = False) -> li
             if (sentinel or k not in SENTINEL_MIX)
             and not (sentinel and k in PROXY_KINDS)
             and (backend == "redis" or k not in REDIS_KINDS)
+            and k not in OPT_IN_MIX
+            and (partitions == 1 or k not in LOST_INDEX_KINDS)
         ]
     kinds = [k.strip() for k in text.split(",") if k.strip()]
     for k in kinds:
         if k not in KINDS:
             raise ConfigurationError(f"--faults: unknown fault {k!r}; known: {', '.join(KINDS)}")
+        if k == "history-loss" and partitions > 1:
+            raise ConfigurationError(
+                "--faults: history-loss needs --partitions 1 (a partition resyncs in place and"
+                " keeps what was deleted in the hole until `singleton verify --repair`)"
+            )
         if k in REDIS_KINDS and backend != "redis":
             raise ConfigurationError(f"--faults: {k} needs --backend redis")
         if k in SENTINEL_MIX and not sentinel:
@@ -125,13 +161,15 @@ def plan(seed: int, rounds: int, kinds: list[str], ttl: float) -> list[PlannedFa
     """``rounds`` faults over ``kinds`` in the default mix's proportions, shuffled by ``seed``."""
     if rounds < 1:
         raise ConfigurationError(f"--rounds must be >= 1, got {rounds}")
-    weights = {k: {**DEFAULT_MIX, **SENTINEL_MIX}[k] for k in kinds}
+    weights = {k: {**DEFAULT_MIX, **SENTINEL_MIX, **OPT_IN_MIX}[k] for k in kinds}
     total = sum(weights.values())
     exact = {k: rounds * w / total for k, w in weights.items()}
     counts = {k: int(v) for k, v in exact.items()}
     by_remainder = sorted(kinds, key=lambda k: (counts[k] - exact[k], kinds.index(k)))
     for k in by_remainder[: rounds - sum(counts.values())]:
         counts[k] += 1
+    if rounds >= len(kinds):
+        _each_at_least_once(counts, kinds)
     rng = random.Random(seed)
     sequence = [k for k in kinds for _ in range(counts[k])]
     rng.shuffle(sequence)
@@ -147,12 +185,22 @@ def plan(seed: int, rounds: int, kinds: list[str], ttl: float) -> list[PlannedFa
             param = rng.choice((-1.0, 1.0)) * rng.uniform(60.0, 7200.0)
         elif kind == "listener-error":
             param = rng.uniform(1.5, 3.0) * ttl
+        elif kind in _TIMED_SINK:
+            param = rng.uniform(0.5, 1.5) * ttl
         elif kind == "checkpoint-loss":  # 1: while no replica runs; 0: under a running leader
             param = float(sum(k == kind for k in sequence[:i]) % 2)
         else:
             param = 0.0
         out.append(PlannedFault(i, kind, round(param, 3), round(rng.uniform(0.3, 1.0), 3)))
     return out
+
+
+def _each_at_least_once(counts: dict[str, int], kinds: list[str]) -> None:
+    """Give every kind of ``counts`` one round at least, taken from the most frequent."""
+    for k in kinds:
+        if counts[k] == 0:
+            counts[max(kinds, key=lambda m: (counts[m], -kinds.index(m)))] -= 1
+            counts[k] = 1
 
 
 class Injector:
@@ -225,8 +273,12 @@ class Injector:
         kind = fault.kind
         if kind == "lease-wipe":
             c.wipe_leases()
+        elif kind in SINK_KINDS:
+            rec.note = self._hit_index(fault)
         elif kind == "checkpoint-loss":
             rec.note = self._lose_checkpoint(all_stopped=bool(fault.param))
+        elif kind == "history-loss":
+            rec.note = self._lose_history()
         elif kind == "sentinel-failover":
             if c.sentinel is None:
                 raise ConfigurationError(f"{kind} needs --sentinel")
@@ -246,6 +298,18 @@ class Injector:
                 self._wait(fault.param)
                 c.redis.resume()
 
+    def _lose_history(self) -> str:
+        """The saved position a bare cluster time (as after a copy) and the oplog rolled past
+        it while no replica runs (a long pause, a long copy): the successor must notice."""
+        replicas = list(self.cluster.replicas.values())
+        for p in replicas:
+            p.stop()
+        try:
+            return self.cluster.lose_history()
+        finally:
+            for p in replicas:
+                p.restart()
+
     def _lose_checkpoint(self, *, all_stopped: bool) -> str:
         c = self.cluster
         if not all_stopped:
@@ -257,3 +321,34 @@ class Injector:
         for p in replicas:
             p.restart()
         return f"{'deleted' if deleted else 'there was none'} with every replica stopped"
+
+    def _hit_index(self, fault: PlannedFault) -> str:
+        """``fault`` (one of :data:`SINK_KINDS`) on every listener's index, done as an operator
+        would, through Elasticsearch's own API; what was hit."""
+        es = connect(self.cluster.es_url, maxsize=2)
+        try:
+            done = [self._on_alias(es, li.index, fault) for li in self.cluster.listeners]
+        finally:
+            es.close()
+        return "; ".join(done)
+
+    def _on_alias(self, es: Transport, alias: str, fault: PlannedFault) -> str:
+        status, body = es.request("GET", f"/_alias/{alias}")
+        physical = sorted(body) if status == 200 and isinstance(body, dict) else []
+        if not physical:
+            return f"{alias}: no alias to hit"
+        targets = ",".join(physical)
+        if fault.kind == "index-delete":
+            es.request("DELETE", f"/{targets}")
+        elif fault.kind == "alias-delete":
+            es.request("DELETE", f"/{targets}/_alias/{alias}")
+        elif fault.kind == "index-close":
+            es.request("POST", f"/{targets}/_close")
+            self._wait(fault.param)
+            es.request("POST", f"/{targets}/_open")
+        else:  # alias-split: a second index behind the alias, so that it has no write index
+            decoy = f"{alias}-drill-decoy"
+            es.request("PUT", f"/{decoy}", json.dumps({"aliases": {alias: {}}}).encode())
+            self._wait(fault.param)
+            es.request("DELETE", f"/{decoy}")
+        return f"{alias} -> {targets}"

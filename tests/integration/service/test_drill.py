@@ -71,7 +71,8 @@ def test_short_drill_of_mixed_faults_passes(
     assert balance["faults"] == ROUNDS and balance["unbalanced"] == 0, balance["by_fault"]
     assert all(b["ok"] and b["seconds"] <= balance["bound"] for b in balance["by_fault"])
     kinds = {k for k, n in result["faults_by_kind"].items() if n}
-    expected = set(parse_kinds(None, backend))  # every kind that applies, the new ones too
+    # every kind that applies, the new ones too
+    expected = set(parse_kinds(None, backend, partitions=partitions))
     assert {"lease-wipe", "checkpoint-loss", "listener-error"} <= expected
     assert kinds == expected
     for key in ("missing", "stale", "resurrected", "extra"):

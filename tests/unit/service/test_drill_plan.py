@@ -23,6 +23,7 @@ from singleton.service.drill.cluster import drill_listeners
 from singleton.service.drill.faults import (
     DEFAULT_MIX,
     KINDS,
+    OPT_IN_MIX,
     PROXY_KINDS,
     FaultRecord,
     parse_kinds,
@@ -68,7 +69,7 @@ def test_kinds_are_validated_against_the_backend() -> None:
 def test_sentinel_mode_adds_sentinel_failover_and_leaves_out_the_proxy_kinds() -> None:
     kinds = parse_kinds(None, "redis", sentinel=True)
     assert "sentinel-failover" in kinds and "sentinel-failover" not in parse_kinds(None, "redis")
-    assert set(kinds) == set(KINDS) - set(PROXY_KINDS)
+    assert set(kinds) == set(KINDS) - set(PROXY_KINDS) - set(OPT_IN_MIX)
     assert set(PROXY_KINDS) == {"net-cut", "redis-restart", "redis-pause"}
     assert parse_kinds("sentinel-failover,kill", "redis", sentinel=True) == [
         "sentinel-failover",
@@ -272,3 +273,10 @@ def test_an_audit_view_names_its_lease_and_shares_the_file(tmp_path: Path) -> No
         ("batch", "orders.1-of-2", "r1"),
         ("elected", None, "r1"),
     ]
+
+
+def test_history_loss_is_asked_for_by_name_and_needs_one_partition() -> None:
+    assert "history-loss" not in parse_kinds(None, "redis")
+    assert parse_kinds("history-loss", "mongo") == ["history-loss"]
+    with pytest.raises(ConfigurationError, match="needs --partitions 1"):
+        parse_kinds("history-loss", "redis", partitions=2)

@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkWriter, DeadLetter
-from singleton.errors import EsUnavailableError, SinkRejectedError, SinkUnavailableError
+from singleton.errors import (
+    EsUnavailableError,
+    SinkLostError,
+    SinkRejectedError,
+    SinkUnavailableError,
+)
 
 Answer = Callable[[list[dict[str, Any]]], tuple[int, Any]]
 
@@ -38,9 +43,9 @@ class Scripted:
         pass
 
 
-def items(status: int, error: str = "") -> Answer:
+def items(status: int, error: str = "", reason: str = "r") -> Answer:
     def answer(actions: list[dict[str, Any]]) -> tuple[int, Any]:
-        result = {"status": status, "error": {"type": error, "reason": "r"}} if error else {}
+        result = {"status": status, "error": {"type": error, "reason": reason}} if error else {}
         return 200, {"items": [{"index": {"status": status, **result}} for _ in actions]}
 
     return answer
@@ -81,11 +86,31 @@ def test_transient_failures_are_retried_until_they_pass() -> None:
     assert run(Scripted(unreachable, whole(503), items(429), items(201))) == []
 
 
-@pytest.mark.parametrize(
-    "item", [items(403, "security_exception"), items(404, "index_not_found_exception")]
-)
-def test_item_refusals_that_hold_for_every_document_fail_the_tenure(item: Answer) -> None:
+def test_item_refusals_of_our_credentials_fail_the_tenure() -> None:
     with pytest.raises(SinkRejectedError):
+        run(Scripted(items(403, "security_exception")))
+
+
+def test_an_index_gone_under_the_listener_is_a_lost_sink_not_a_dead_letter() -> None:
+    with pytest.raises(SinkLostError, match="gone under the listener"):
+        run(Scripted(items(404, "index_not_found_exception")))
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        items(400, "index_closed_exception"),
+        items(403, "cluster_block_exception"),
+        items(429, "cluster_block_exception"),
+        items(400, "illegal_argument_exception", "no write index is defined for alias [i]"),
+    ],
+)
+def test_refusals_every_document_meets_are_the_sink_s_failure_never_dead_letters(
+    item: Answer,
+) -> None:
+    """A closed index, a block, an alias without a write index: retried as a sink that is down
+    (the tenure's budget bounds it), never one dead letter per document."""
+    with pytest.raises(SinkUnavailableError):
         run(Scripted(item))
 
 
