@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _string
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple, cast
 
 from loguru import logger as _default_logger
 
@@ -42,7 +43,12 @@ from listeners.elasticsearch.transport import (
     request_error,
 )
 from singleton.clock import SYSTEM_CLOCK, Clock
-from singleton.errors import EsUnavailableError, SinkRejectedError, SinkUnavailableError
+from singleton.errors import (
+    EsUnavailableError,
+    SinkLostError,
+    SinkRejectedError,
+    SinkUnavailableError,
+)
 from singleton.retry import Backoff
 
 __all__ = ["RETRY_STATUSES", "BulkItem", "BulkLimits", "BulkStats", "BulkWriter", "DeadLetter"]
@@ -52,45 +58,111 @@ __all__ = ["RETRY_STATUSES", "BulkItem", "BulkLimits", "BulkStats", "BulkWriter"
 _BULK_PATH = "/_bulk?filter_path=errors,items.*.status,items.*.error"
 #: Item statuses that concern every document alike: the whole tenure fails (see above).
 _SINK_REFUSALS = frozenset({401, 403})
+#: The same request for a target known to be an alias: an alias removed under the listener is
+#: then a 404, never an index Elasticsearch creates on the fly in its place.
+_BULK_ALIAS_PATH = _BULK_PATH + "&require_alias=true"
+#: And with each item's physical index, for a target whose physical index is watched (a
+#: partition's: another partition may have replaced a deleted index behind the alias).
+_BULK_WATCHED_PATH = _BULK_PATH + ",items.*._index&require_alias=true"
+#: Item errors about the target index itself, which every document meets alike: a closed index,
+#: a (read-only, disk) block, an alias without a write index. The sink's failure, never a dead
+#: letter: retried as a sink that is down, within the tenure's failure budget.
+_INDEX_REFUSALS = frozenset({"index_closed_exception", "cluster_block_exception"})
 
 
-#: An action line after its head (:func:`_action_head`) and id, then the source line, if any.
+#: An action line after its head (:func:`action_head`) and id, then the source line, if any.
 _VERSIONED = b'%s%s,"version":%d,"version_type":"external"}}\n%s'
 _UNVERSIONED = b"%s%s}}\n%s"
+#: An index action's two lines after the head, from the quoted id, version and source, in one
+#: formatting (:func:`index_lines`).
+INDEX_VERSIONED = b'%s%s,"version":%d,"version_type":"external"}}\n%s\n'
+#: What an item made by :func:`copy` or by the stream was made from (empty: not told).
+_NO_ORIGIN: Mapping[str, Any] = MappingProxyType({})
 
 
 @functools.lru_cache(maxsize=64)
-def _action_head(op: str, index: str) -> bytes:
+def action_head(op: str, index: str) -> bytes:
     """``{"index":{"_index":"<index>","_id":``: the same for every item of one batch."""
     return f'{{"{op}":{{"_index":{_string(index)},"_id":'.encode()
 
 
-@dataclass(slots=True)
-class BulkItem:
-    """One bulk action: ``index`` (with ``source``) or ``delete``, under an external version."""
+def quoted_id(doc_id: str) -> bytes:
+    """``doc_id`` as a JSON string, as the action line holds it."""
+    return _string(doc_id).encode()
+
+
+def encode_lines(
+    op: str, index: str, doc_id: str, version: int, source: bytes | None, versioned: bool
+) -> bytes:
+    """The action line of ``op`` on ``index``/``doc_id`` at ``version`` and, for ``index``, the
+    source line (``{}`` without a ``source``); ``versioned=False`` is the drill's unsafe mode
+    (last writer wins), never used by a fenced tenure. Built as bytes, the same JSON
+    ``json.dumps`` gives, keys in the same order (one ``json.dumps`` per item cost as much as
+    its source)."""
+    if op == "index" and source is not None and versioned:
+        return index_lines(index, doc_id, version, source, True)
+    head, doc = action_head(op, index), quoted_id(doc_id)
+    body = b"%s\n" % (source or b"{}") if op == "index" else b""
+    if versioned:
+        return _VERSIONED % (head, doc, int(version), body)
+    return _UNVERSIONED % (head, doc, body)
+
+
+def index_lines(index: str, doc_id: str, version: int, source: bytes, versioned: bool) -> bytes:
+    """:func:`encode_lines` of an index action with ``source``, in one formatting."""
+    head = action_head("index", index)
+    if versioned:
+        return INDEX_VERSIONED % (head, quoted_id(doc_id), int(version), source)
+    return _UNVERSIONED % (head, quoted_id(doc_id), b"%s\n" % source)
+
+
+class BulkItem(NamedTuple):
+    """One bulk action: ``index`` (with ``source``) or ``delete``, under an external version.
+
+    A tuple, so that the stream makes one per event with :data:`new_item`, without a Python-level
+    constructor. Items made by the listener carry their encoded ``lines`` (:func:`encode_lines`),
+    built once and reused by every request that carries them; the stream's carry no ``source``
+    besides (a batch's sources then live once, in the lines: :meth:`source_json` reads one
+    back)."""
 
     op: str
-    index: str
+    index: str  # type: ignore[assignment]  # (shadows tuple.index: the bulk target)
     doc_id: str
     version: int
     source: bytes | None = None
     #: What produced it (operation type, resume token...), kept for the dead-letter record.
-    origin: dict[str, Any] = field(default_factory=dict)
-    _encoded: bytes = b""
+    origin: Mapping[str, Any] = _NO_ORIGIN
+    lines: bytes = b""
+    #: The resume token of the change event it mirrors, when ``origin`` does not hold it (the
+    #: stream's commonest items share one ``origin`` per operation type: a dict less per event).
+    token: Any = None
 
     def encoded(self, versioned: bool = True) -> bytes:
-        """The action line (and source line) of this item; ``versioned=False`` is the drill's
-        unsafe mode (last writer wins), never used by a fenced tenure."""
-        if not self._encoded:
-            # The action line is built as bytes (the same JSON json.dumps gives, keys in the
-            # same order): one json.dumps per item here cost as much as its source.
-            head, doc = _action_head(self.op, self.index), _string(self.doc_id).encode()
-            source = b"%s\n" % (self.source or b"{}") if self.op == "index" else b""
-            if versioned:
-                self._encoded = _VERSIONED % (head, doc, int(self.version), source)
-            else:
-                self._encoded = _UNVERSIONED % (head, doc, source)
-        return self._encoded
+        """:attr:`lines`, or the lines :func:`encode_lines` gives (see there for
+        ``versioned``)."""
+        if self.lines:
+            return self.lines
+        return encode_lines(self.op, self.index, self.doc_id, self.version, self.source, versioned)
+
+    def event_token(self) -> Any:
+        """The resume token of the change event that made it (``None``: a copied document)."""
+        return self.origin.get("token") if self.token is None else self.token
+
+    def source_json(self) -> bytes | None:
+        """The JSON source of an index action (``None`` for a delete, or an index item made
+        without one): :attr:`source`, else the second of its encoded lines."""
+        if self.op != "index" or self.source is not None or not self.lines:
+            return self.source
+        return self.lines.split(b"\n", 2)[1]
+
+
+#: ``new_item((op, index, doc_id, version, source, origin, lines, token))``: a
+#: :class:`BulkItem` of all its fields, made by ``tuple.__new__`` (C) rather than the generated
+#: ``__new__`` (a Python call, 3,000 instructions a dataclass's ``__init__`` took per event).
+new_item = cast(
+    "Callable[[tuple[str, str, str, int, bytes | None, Mapping[str, Any], bytes, Any]], BulkItem]",
+    functools.partial(tuple.__new__, BulkItem),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +252,12 @@ class BulkWriter:
         self.clock = clock
         self.stats = stats if stats is not None else BulkStats()
         self.log = logger or _default_logger
+        #: targets known to be aliases (the index keeper adds them): written with
+        #: ``require_alias``
+        self.aliases: set[str] = set()
+        #: alias -> the physical indexes it pointed to when the tenure found it: a write that
+        #: lands elsewhere means the index was replaced under the listener (a partition's)
+        self.watched: dict[str, frozenset[str]] = {}
         self._pool: ThreadPoolExecutor | None = None
 
     def session(self, check: Check, wait_fn: Wait) -> BulkSession:
@@ -231,7 +309,8 @@ class BulkWriter:
 
     def _attempt(self, pending: list[BulkItem]) -> tuple[list[BulkItem], str]:
         """One request for ``pending``: the items to retry, and why."""
-        body = b"".join(item.encoded(self.versioned) for item in pending)
+        versioned = self.versioned
+        body = b"".join([item.lines or item.encoded(versioned) for item in pending])
         self.stats.add(requests=1, sent_bytes=len(body))
         started = self.clock.monotonic()
         retry, why = self._request(pending, body)
@@ -242,7 +321,14 @@ class BulkWriter:
 
     def _request(self, pending: list[BulkItem], body: bytes) -> tuple[list[BulkItem], str]:
         try:
-            status, resp = self.transport.request("POST", _BULK_PATH, body, ndjson=True)
+            target = pending[0].index
+            watched = self.watched.get(target)
+            path = _BULK_PATH
+            if watched is not None:
+                path = _BULK_WATCHED_PATH
+            elif target in self.aliases:
+                path = _BULK_ALIAS_PATH
+            status, resp = self.transport.request("POST", path, body, ndjson=True)
         except EsUnavailableError as exc:
             return pending, str(exc)
         if status in RETRY_STATUSES or status >= 500:
@@ -255,10 +341,26 @@ class BulkWriter:
                 f"bulk answer from {self.transport.description} has "
                 f"{len(results) if isinstance(results, list) else 'no'} items for {len(pending)}"
             )
+        if watched is not None:
+            self._check_landed(target, watched, results)
         if resp.get("errors") is False:  # every item written (a 404 delete too): no loop
             self.stats.add(written=len(pending))
             return [], ""
         return self._settle(pending, results)
+
+    def _check_landed(self, alias: str, watched: frozenset[str], results: list[Any]) -> None:
+        """Raise :class:`SinkLostError` if a write through ``alias`` landed outside ``watched``:
+        the index was deleted and made anew (by another partition) under this tenure."""
+        for result in results:
+            r = next(iter(result.values())) if isinstance(result, dict) and result else {}
+            landed = r.get("_index")
+            written = 200 <= int(r.get("status", 0) or 0) < 300  # (a refusal names the alias)
+            if written and isinstance(landed, str) and landed not in watched:
+                raise SinkLostError(
+                    f"{self.transport.description}: {alias} now points to {landed}, not to"
+                    f" {', '.join(sorted(watched))} as when this tenure began: the index was"
+                    " replaced under the listener"
+                )
 
     def _settle(self, pending: list[BulkItem], results: list[Any]) -> tuple[list[BulkItem], str]:
         """Count and dead-letter per-item results; return the items to retry, and why."""
@@ -277,7 +379,17 @@ class BulkWriter:
             elif st in RETRY_STATUSES or st == 0 or st >= 500:
                 retry.append(item)
                 why = f"item HTTP {st} {error_text(r)}"
-            elif st in _SINK_REFUSALS or _index_missing(st, r):
+            elif _index_missing(st, r):
+                raise SinkLostError(
+                    f"{self.transport.description}: {item.index} is gone under the listener"
+                    f" (HTTP {st}): {error_text(r)}"
+                )
+            elif _index_refused(r):
+                raise SinkUnavailableError(
+                    f"{self.transport.description} refused {item.op} {item.index}/{item.doc_id}"
+                    f" (HTTP {st}), a refusal every document meets, retrying: {error_text(r)}"
+                )
+            elif st in _SINK_REFUSALS:
                 raise SinkRejectedError(
                     f"{self.transport.description} refused {item.op} {item.index}/{item.doc_id}"
                     f" (HTTP {st}), a refusal that holds for every document: {error_text(r)}"
@@ -297,6 +409,15 @@ class BulkWriter:
                 )
             self.on_dead(dead)
         return retry, why
+
+
+def _index_refused(result: dict[str, Any]) -> bool:
+    err = result.get("error")
+    if not isinstance(err, dict):
+        return False
+    if err.get("type") in _INDEX_REFUSALS:
+        return True
+    return "no write index" in str(err.get("reason", ""))
 
 
 def _index_missing(status: int, result: dict[str, Any]) -> bool:

@@ -34,22 +34,23 @@ def _bson_key(item: BulkItem) -> Any:
 def letter_record(letter: DeadLetter) -> dict[str, Any]:
     item = letter.item
     record: dict[str, Any] = {}
-    if item.origin.get("token") is not None:
+    token = item.event_token()
+    if token is not None:
         # A change event again: ``singleton dead-letters replay`` re-delivers it through
         # handle_batch, which looks the document up (no fullDocument) under this event's version.
-        record["_id"] = item.origin["token"]
+        record["_id"] = token
     return record | {
         "operationType": item.origin.get("op", item.op),
         "documentKey": {"_id": _bson_key(item)},
-        "clusterTime": token_time(item.origin.get("token")),
-        "resumeToken": item.origin.get("token"),
+        "clusterTime": token_time(token),
+        "resumeToken": token,
         "sink": "elasticsearch",
         "action": item.op,
         "index": item.index,
         "doc_id": item.doc_id,
         "version": item.version,
         "status": letter.status,
-        "source": None if item.source is None else item.source.decode(),
+        "source": None if (source := item.source_json()) is None else source.decode(),
     }
 
 

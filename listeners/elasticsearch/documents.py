@@ -57,6 +57,7 @@ __all__ = [
     "bson_id_of",
     "doc_id",
     "index_name",
+    "plain_source",
     "resolve_transform",
     "source_of",
 ]
@@ -187,16 +188,31 @@ def source_of(doc: Mapping[str, Any], transform: Transform | None = None) -> byt
     body: Mapping[str, Any] | None = transform(dict(doc)) if transform is not None else doc
     if body is None:
         return None
-    clean = dict(body)
-    clean.pop("_id", None)
+    out = plain_source(body)
+    if out is None:  # (the same error, or what json writes, as before)
+        clean = dict(body)
+        clean.pop("_id", None)
+        return _standard_source(clean)
+    return out
+
+
+def plain_source(doc: Mapping[str, Any]) -> bytes | None:
+    """:func:`source_of` without a transform when orjson alone decides it, as for nearly every
+    document; ``None`` where the standard encoder must (orjson refused the document, or wrote a
+    ``null`` while it holds a non-finite float): ask :func:`source_of`, which may also raise."""
+    if type(doc) is dict and "_id" not in doc:
+        clean: dict[str, Any] = doc  # (a stream that projects ``_id`` away: no copy)
+    else:
+        clean = dict(doc)
+        clean.pop("_id", None)
     try:
         out = orjson.dumps(clean, default=_default, option=_ORJSON_OPTIONS)
     except orjson.JSONEncodeError:
-        return _standard_source(clean)  # (the same error, or what json writes, as before)
+        return None
     # (find, not ``in``: bytes' ``in`` tries the operand as an int first, an exception dearer
     # than the search)
     if out.find(b"null") >= 0 and _has_non_finite_float(clean):
-        return _standard_source(clean)  # a null that was a NaN: refused as before
+        return None  # a null that was a NaN
     return out
 
 

@@ -4,34 +4,69 @@ Each event is mapped once: its document id and external version are computed her
 with the :class:`~listeners.elasticsearch.bulk.BulkItem`, whose encoded lines are built once and
 reused by every request that carries it. What cannot be indexed (an id too long, a non-finite
 number, a value with no JSON form) is dead-lettered here with its reason and yields ``None``.
+
+A stream batch is mapped by :meth:`ItemMaker.collect` in one loop: this is the listener's
+per-event work, and in CPython every call, attribute and intermediate object of it is paid
+1,000 times a batch. Its commonest event (a write that carries its whole document, no transform)
+is mapped inline into an item whose two lines are its only copy of the source (the JSON orjson
+wrote is freed at once, not kept for the whole batch); every other event, and any document
+orjson alone cannot decide, goes through :meth:`ItemMaker.event_item`, the same result
+(``tests/unit/listeners/elasticsearch/test_es_fast_items.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from listeners.base import ChangeEvent
 from listeners.elasticsearch import fragments
-from listeners.elasticsearch.bulk import BulkItem, DeadLetter
-from listeners.elasticsearch.documents import Transform, doc_id, source_of
-from listeners.elasticsearch.versioning import EventVersioner
+from listeners.elasticsearch.bulk import (
+    INDEX_VERSIONED,
+    BulkItem,
+    DeadLetter,
+    action_head,
+    encode_lines,
+    index_lines,
+    new_item,
+)
+from listeners.elasticsearch.documents import Transform, doc_id, plain_source, source_of
+from listeners.elasticsearch.ids import TAG
+from listeners.elasticsearch.versioning import EventVersioner, plain_version
 from singleton.errors import UnindexableError, UnindexableIdError
 
 #: ``lookup(key) -> document or None``: the document as it is now (for split events).
 Lookup = Callable[[Any], "Mapping[str, Any] | None"]
+#: Operation types that write a document (the rest of the stream's events are skipped).
+WRITES = frozenset({"insert", "replace", "update", "delete"})
+#: The collection is gone (or renamed away): the sink's ``on_drop`` business.
+DROPS = frozenset({"drop", "dropDatabase", "rename"})
+#: Writes whose event carries the document to index (``fullDocument``).
+_WITH_DOCUMENT = frozenset({"insert", "replace", "update"})
+_INT32 = (-(2**31), 2**31 - 1)
+#: The shared origin of the commonest items, by operation type (their token is their own).
+_ORIGINS: dict[str, Mapping[str, Any]] = {op: MappingProxyType({"op": op}) for op in _WITH_DOCUMENT}
+#: :data:`.bulk.INDEX_VERSIONED` with the quoted id of a small integer key (``~i:<key>``, as
+#: :func:`.ids.doc_id` maps it) formatted in the same pass.
+_INT_KEY_LINES = INDEX_VERSIONED.replace(b"%s%s", b'%s"' + TAG.encode() + b'i:%d"', 1)
 
 
 class ItemMaker:
-    """Builds bulk actions with ``transform``; rejected documents go to ``dead``."""
+    """Builds bulk actions with ``transform``; rejected documents go to ``dead``. ``versioned``:
+    the lines carry external versions (False only for the drill's unfenced writer, see
+    :func:`.bulk.encode_lines`)."""
 
     def __init__(
         self,
         transform: Transform | None,
         dead: Callable[[list[DeadLetter]], None],
         lookup: Lookup,
+        *,
+        versioned: bool = True,
     ) -> None:
         self.transform, self._dead, self._lookup = transform, dead, lookup
+        self.versioned = versioned
 
     def item(
         self, doc: Mapping[str, Any], key: Any, version: int, origin: dict[str, Any], index: str
@@ -44,9 +79,9 @@ class ItemMaker:
         except (UnindexableError, ValueError, TypeError) as exc:
             self.reject("index", key, version, origin, index, exc)
             return None
-        return BulkItem(
-            "delete" if source is None else "index", index, es_id, version, source, origin
-        )
+        op = "delete" if source is None else "index"
+        lines = encode_lines(op, index, es_id, version, source, self.versioned)
+        return BulkItem(op, index, es_id, version, None, origin, lines)
 
     def reject(
         self, op: str, key: Any, version: int, origin: dict[str, Any], index: str, exc: Exception
@@ -83,10 +118,98 @@ class ItemMaker:
             op = "delete"
         if op == "delete":
             try:
-                return BulkItem("delete", index, doc_id(key), version, None, origin)
+                es_id = doc_id(key)
             except UnindexableIdError as exc:
                 self.reject("delete", key, version, origin, index, exc)
                 return None
+            lines = encode_lines("delete", index, es_id, version, None, self.versioned)
+            return BulkItem("delete", index, es_id, version, None, origin, lines)
         if doc is None:
             return None  # looked up after a later delete: that delete follows
         return self.item(doc, key, version, origin, index)
+
+    def collect(
+        self,
+        events: Sequence[ChangeEvent],
+        start: int,
+        versioner: EventVersioner,
+        index: str,
+        pending: dict[str, BulkItem],
+    ) -> int:
+        """Put the actions of ``events[start:]`` into ``pending`` by document id (the last write
+        of a document wins: its version supersedes the others anyway), up to the first drop,
+        rename or dropDatabase; return its position (``len(events)`` if there is none).
+        Other events than writes are skipped. See the module docstring for the inline case."""
+        head = action_head("index", index)
+        inline = self.transform is None and self.versioned
+        low, high = _INT32
+        for at in range(start, len(events)):
+            event = events[at]
+            op = event.get("operationType")
+            doc = event.get("fullDocument")
+            token = event.get("_id")
+            keys = event.get("documentKey")
+            if not (
+                inline
+                and type(doc) is dict
+                and op in _WITH_DOCUMENT
+                and type(keys) is dict
+                and type(token) is dict
+            ):
+                if op in DROPS:
+                    return at
+                self._add(event, versioner, index, pending)
+                continue
+            key = keys["_id"]
+            version = -1
+            if "txnNumber" not in event and "clusterTime" not in event:
+                version = plain_version(token.get("_data"))
+            if version < 0:
+                version = versioner.version(event)
+            source = plain_source(doc)
+            if source is None or not (type(key) is int and low <= key <= high):
+                # (Anything but a small integer id, or a document orjson alone cannot decide.)
+                origin = {"op": op, "token": token}
+                made = self._general(doc, key, version, origin, index, source)
+                if made is not None:
+                    pending[made.doc_id] = made
+                continue
+            es_id = f"{TAG}i:{key}"
+            lines = _INT_KEY_LINES % (head, key, version, source)
+            item = ("index", index, es_id, version, None, _ORIGINS[op], lines, token)
+            pending[es_id] = new_item(item)
+        return len(events)
+
+    def _add(
+        self,
+        event: ChangeEvent,
+        versioner: EventVersioner,
+        index: str,
+        pending: dict[str, BulkItem],
+    ) -> None:
+        """:meth:`collect` for an event other than the commonest (see the module docstring)."""
+        if event.get("operationType") in WRITES or fragments.needs_lookup(event):
+            item = self.event_item(event, versioner, index)
+            if item is not None:
+                pending[item.doc_id] = item
+
+    def _general(
+        self,
+        doc: Mapping[str, Any],
+        key: Any,
+        version: int,
+        origin: dict[str, Any],
+        index: str,
+        source: bytes | None,
+    ) -> BulkItem | None:
+        """:meth:`collect`'s item for a write with its document whose id is not a small
+        integer, or whose ``source`` (``None``) :func:`.documents.source_of` must decide."""
+        if source is None:
+            return self.item(doc, key, version, origin, index)
+        try:
+            es_id = doc_id(key)
+        except UnindexableError as exc:
+            self.reject("index", key, version, origin, index, exc)
+            return None
+        lines = index_lines(index, es_id, version, source, True)
+        return BulkItem("index", index, es_id, version, None, origin, lines)

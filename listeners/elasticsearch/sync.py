@@ -73,9 +73,6 @@ from singleton.drivers import mongo
 from singleton.errors import ConfigurationError
 from singleton.retry import Backoff
 
-_WRITES = frozenset({"insert", "replace", "update", "delete"})
-#: The collection is gone (or renamed away): what ``on_drop`` applies to.
-_DROPS = frozenset({"drop", "dropDatabase", "rename"})
 #: The origin of copied documents, for their dead-letter records.
 _COPIED = {"op": "initial_sync"}
 _POSITIVE_INTEGERS = (
@@ -301,22 +298,31 @@ class ElasticsearchSync(ChangeStreamListener):
             stats=self.stats,
         )
         client, coll = ctx.client, self._collection(ctx)
+        keeper = IndexKeeper(
+            transport,
+            gc_deletes=self.gc_deletes_seconds,
+            seconds=lambda c: mongo.cluster_time(c.client).time,
+            settings=self.settings,
+            mappings=self.mappings,
+        )
+        writer.aliases = keeper.aliases  # one set: what the keeper found, the writer requires
+        keeper.watch = self.partition is not None
+        writer.watched = keeper.watched
         self._session = _Session(
             ctx=ctx,
             transport=transport,
             owns_transport=owned,
-            index=IndexKeeper(
-                transport,
-                gc_deletes=self.gc_deletes_seconds,
-                seconds=lambda c: mongo.cluster_time(c.client).time,
-                settings=self.settings,
-                mappings=self.mappings,
-            ),
+            index=keeper,
             writer=writer,
             window=BulkWindow(
                 writer, max_requests=self.concurrency, max_bytes=self.window_bytes, clock=ctx.clock
             ),
-            items=ItemMaker(self._transform, on_dead, lambda key: coll.find_one({"_id": key})),
+            items=ItemMaker(
+                self._transform,
+                on_dead,
+                lambda key: coll.find_one({"_id": key}),
+                versioned=writer.versioned,
+            ),
             versioner=EventVersioner(lambda ts: first_seq_at(client, ts)),
             pipelined=pipelined,
         )
@@ -350,7 +356,9 @@ class ElasticsearchSync(ChangeStreamListener):
             stages = fragments.with_split(self.pipeline, self._collection(ctx), ctx.logger)
             self.split_large_events = stages is not None  # detected once per listener
             self.pipeline = stages or self.pipeline
-        self.pipeline = fragments.without_unused(self.pipeline)
+        self.pipeline = fragments.without_unused(
+            self.pipeline, document_id=self._transform is not None
+        )
 
     def on_stop(self, ctx: ListenerContext, reason: StopReason) -> None:
         self.close()  # what is still in flight is unacknowledged: the successor replays it
@@ -408,20 +416,20 @@ class ElasticsearchSync(ChangeStreamListener):
         """Send the bulk items of ``events`` into ``index_name`` through the window."""
         ctx, window, index = session.ctx, session.window, session.index
         pending: dict[str, BulkItem] = {}
-        for event in fragments.join(events):
-            op = event.get("operationType")
-            if op in _WRITES or fragments.needs_lookup(event):
-                item = session.items.event_item(event, session.versioner, index_name)
-                if item is not None:
-                    pending[item.doc_id] = item
-            elif op in _DROPS:
-                if pending:
-                    index.ensure(index_name, ctx)
-                    writes = session.writer.session(ctx.check, ctx.leadership.wait_lost)
-                    writes.send(list(pending.values()))
-                    pending.clear()
-                window.wait()
-                self._dropped(event, session, index_name)
+        joined = fragments.join(events)
+        at = 0
+        while True:
+            at = session.items.collect(joined, at, session.versioner, index_name, pending)
+            if at >= len(joined):
+                break
+            if pending:  # what came before the drop goes first
+                index.ensure(index_name, ctx)
+                writes = session.writer.session(ctx.check, ctx.leadership.wait_lost)
+                writes.send(list(pending.values()))
+                pending.clear()
+            window.wait()
+            self._dropped(joined[at], session, index_name)
+            at += 1
         if pending:
             index.ensure(index_name, ctx)
             window.submit(

@@ -10,6 +10,7 @@ has because the stream caught up, or handle an invalidate. What an error means i
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -216,8 +217,42 @@ class StreamReader:
             self._stream._cursor._max_await_time_ms = wait_ms
 
     def _take_held(self, held: deque[Any]) -> Step | None:
-        """Take the held events but the last (see the class docstring)."""
+        """Take the held events but the last (see the class docstring): a run at a time into
+        the batch (this runs for nearly every event), one at a time for a partition."""
         now = self._clock.monotonic()  # (they are taken within microseconds of each other)
+        if self._partition is not None:
+            return self._take_each(held, now)
+        while len(held) > 1:
+            if not self._take_run(held, now):
+                return None
+            step = self._due(now)
+            if step is not None:
+                return step
+        return None
+
+    def _take_run(self, held: deque[Any], now: float) -> bool:
+        """Move the leading held events (as many as the batch has room for, all but the last)
+        into the batch; False if the first is one that ``try_next`` must handle (an error, the
+        end of the stream)."""
+        batch = self._batch
+        if not batch:
+            self._start_batch(now)
+        room = self._batch_size - len(batch)
+        if now - self._first_at >= self._max_wait:
+            room = 1  # (the batch is due already: one more event, as one at a time)
+        taken = 0
+        for event in itertools.islice(held, 0, min(room, len(held) - 1)):
+            if event.get("_id") is None or event.get("operationType") == "invalidate":
+                break
+            taken += 1
+        if not taken:
+            return False
+        popleft = held.popleft
+        batch.extend([popleft() for _ in range(taken)])
+        self._taken = batch[-1]["_id"]
+        return True
+
+    def _take_each(self, held: deque[Any], now: float) -> Step | None:
         while len(held) > 1:
             event = held[0]
             token = event.get("_id")
@@ -233,14 +268,20 @@ class StreamReader:
     def _add(self, event: ChangeEvent, now: float) -> Step | None:
         if self._partition is not None and not self._partition.owns(event):
             return self._skipped(now)  # another partition's
-        batch = self._batch
-        if not batch:
-            self._first_at = now
-            self._batch_size = size = self._listener.next_batch_size()
-            if self._board is not None:
-                self._board.batch_size = size
-        batch.append(event)
-        if len(batch) >= self._batch_size or now - self._first_at >= self._max_wait:
+        if not self._batch:
+            self._start_batch(now)
+        self._batch.append(event)
+        return self._due(now)
+
+    def _start_batch(self, now: float) -> None:
+        self._first_at = now
+        self._batch_size = size = self._listener.next_batch_size()
+        if self._board is not None:
+            self._board.batch_size = size
+
+    def _due(self, now: float) -> Step | None:
+        """A full step if the batch is full or waited long enough."""
+        if len(self._batch) >= self._batch_size or now - self._first_at >= self._max_wait:
             return Step("full", self.resume_token, self.in_hand())
         return None
 

@@ -49,10 +49,20 @@ def test_what_needs_a_lookup() -> None:
 
 
 def test_the_unused_fields_are_dropped_once_and_before_the_split_stage() -> None:
-    from listeners.elasticsearch.fragments import SPLIT_STAGE, UNUSED_FIELDS, without_unused
+    from listeners.elasticsearch.fragments import (
+        SPLIT_STAGE,
+        UNUSED_FIELDS,
+        UNUSED_WITH_ID,
+        without_unused,
+    )
 
     match = {"$match": {"operationType": "insert"}}
     assert without_unused([match]) == [match, UNUSED_FIELDS]
     split = without_unused([match, SPLIT_STAGE])
     assert split == [match, UNUSED_FIELDS, SPLIT_STAGE]  # the split stage must stay last
     assert without_unused(split) == split
+    # without a transform, the document's own _id too (in place of the first stage, once)
+    no_id = without_unused(split, document_id=False)
+    assert no_id == [match, UNUSED_WITH_ID, SPLIT_STAGE]
+    assert without_unused(no_id, document_id=False) == no_id
+    assert UNUSED_WITH_ID["$project"]["fullDocument._id"] == 0
