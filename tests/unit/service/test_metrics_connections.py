@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from singleton.service.dev.embedded import wait_until
 from singleton.service.metrics import MetricsServer
 from singleton.testing import MemoryLeaseBackend
 
@@ -74,7 +75,8 @@ def test_idle_connections_take_at_most_max_connections_threads(server: MetricsSe
     before = threading.active_count()
     held = [_idle(server) for _ in range(SLOTS)]
     try:
-        time.sleep(0.2)  # let each be accepted and handed its thread
+        # each accepted and handed its thread
+        wait_until(lambda: threading.active_count() - before >= SLOTS, 5, what="the slots taken")
         for _ in range(20):
             # beyond the slots: closed at once (well before the held ones' timeout), unanswered,
             # without a thread of its own
