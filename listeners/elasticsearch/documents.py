@@ -13,13 +13,13 @@ Encoding. :func:`source_of` encodes with orjson (several times faster than ``jso
 where ``json`` writes ``\\u`` escapes: the same values to Elasticsearch). orjson writes NaN and
 the infinities as ``null`` where ``json`` refuses them, refuses integers over 64 bits and
 strings with lone surrogates, and formats datetimes itself (wrongly for offsets with seconds).
-So datetimes and dataclasses go through :func:`_default` as they did with ``json``, and
+So datetimes and dataclasses go through :func:`json_default` as they did with ``json``, and
 whenever orjson's output could mean something else (it refused the document, or wrote a
 ``null`` while the document holds a non-finite float), the standard encoder decides, as it
 always did: the result is the same JSON value, or the same error, as ``json.dumps`` with
-:func:`_default` gives (``tests/unit/listeners/elasticsearch/test_es_encoding.py`` proves it with
-Hypothesis). One difference is left: a plain ``Enum`` from a transform is written as its value
-(``json`` refuses it).
+:func:`json_default` gives (``tests/unit/listeners/elasticsearch/test_es_encoding.py`` proves
+it with Hypothesis). One difference is left: a plain ``Enum`` from a transform is written as its
+value (``json`` refuses it).
 """
 
 from __future__ import annotations
@@ -51,12 +51,15 @@ from singleton.errors import ConfigurationError, NonFiniteNumberError, Unindexab
 __all__ = [
     "DEFAULT_INDEX_TEMPLATE",
     "MAX_ID_BYTES",
+    "ORJSON_OPTIONS",
     "NonFiniteNumberError",
     "Transform",
     "UnindexableIdError",
     "bson_id_of",
     "doc_id",
+    "has_non_finite_float",
     "index_name",
+    "json_default",
     "plain_source",
     "resolve_transform",
     "source_of",
@@ -99,7 +102,7 @@ def index_name(template: str, database: str, collection: str) -> str:
     return name
 
 
-def _default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
     if isinstance(value, (ObjectId, Decimal, uuid.UUID)):
         return str(value)
     if isinstance(value, datetime.datetime):
@@ -123,9 +126,9 @@ def _default(value: Any) -> Any:
     return json.loads(json_util.dumps(value))
 
 
-#: What ``json.dumps(default=_default, separators=(",", ":"), allow_nan=False)`` builds on every
+#: What ``json.dumps(default=json_default, separators=(",", ":"), allow_nan=False)`` builds on every
 #: call, built once (it holds no state between calls: the same output, without the set-up).
-_ENCODER = json.JSONEncoder(default=_default, separators=(",", ":"), allow_nan=False)
+_ENCODER = json.JSONEncoder(default=json_default, separators=(",", ":"), allow_nan=False)
 _local = threading.local()
 
 
@@ -139,7 +142,7 @@ def _encode(body: Mapping[str, Any]) -> str:
     encoder = getattr(_local, "encoder", None)
     if encoder is None:
         encoder = c_make_encoder(
-            {}, _default, encode_basestring_ascii, None, ":", ",", False, False, False
+            {}, json_default, encode_basestring_ascii, None, ":", ",", False, False, False
         )
         _local.encoder = encoder
     try:
@@ -150,7 +153,8 @@ def _encode(body: Mapping[str, Any]) -> str:
 
 
 class _NonFinite(ValueError):
-    """Raised inside ``json.dumps`` by :func:`_default`; :func:`_non_finite_path` names where."""
+    """Raised inside ``json.dumps`` by :func:`json_default`; :func:`_non_finite_path` says
+    where."""
 
 
 def _is_non_finite(value: Any) -> bool:
@@ -206,24 +210,24 @@ def plain_source(doc: Mapping[str, Any]) -> bytes | None:
         clean = dict(doc)
         clean.pop("_id", None)
     try:
-        out = orjson.dumps(clean, default=_default, option=_ORJSON_OPTIONS)
+        out = orjson.dumps(clean, default=json_default, option=ORJSON_OPTIONS)
     except orjson.JSONEncodeError:
         return None
     # (find, not ``in``: bytes' ``in`` tries the operand as an int first, an exception dearer
     # than the search)
-    if out.find(b"null") >= 0 and _has_non_finite_float(clean):
+    if out.find(b"null") >= 0 and has_non_finite_float(clean):
         return None  # a null that was a NaN
     return out
 
 
-#: Datetimes (and dates, times) and dataclasses go to :func:`_default`, as with ``json``.
-_ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+#: Datetimes (and dates, times) and dataclasses go to :func:`json_default`, as with ``json``.
+ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
-def _has_non_finite_float(value: Any) -> bool:
+def has_non_finite_float(value: Any) -> bool:
     """Whether a float NaN or infinity is reachable through mappings, lists and tuples (where
-    orjson writes ``null`` for it). Other non-finite numbers (Decimal128) reach :func:`_default`,
-    which refuses them the same way for both encoders."""
+    orjson writes ``null`` for it). Other non-finite numbers (Decimal128) reach
+    :func:`json_default`, which refuses them the same way for both encoders."""
     if type(value) is dict:
         children: Any = value.values()
     elif isinstance(value, (list, tuple)):
@@ -237,7 +241,7 @@ def _has_non_finite_float(value: Any) -> bool:
         if kind is float:
             if not math.isfinite(child):
                 return True
-        elif kind not in _SCALARS and _has_non_finite_float(child):
+        elif kind not in _SCALARS and has_non_finite_float(child):
             return True
     return False
 

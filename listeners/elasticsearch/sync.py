@@ -416,12 +416,14 @@ class ElasticsearchSync(ChangeStreamListener):
         """Send the bulk items of ``events`` into ``index_name`` through the window."""
         ctx, window, index = session.ctx, session.window, session.index
         pending: dict[str, BulkItem] = {}
-        joined = fragments.join(events)
-        at = 0
+        joined, at = events, 0
         while True:
             at = session.items.collect(joined, at, session.versioner, index_name, pending)
             if at >= len(joined):
                 break
+            if "splitEvent" in joined[at]:  # (rare: the fragments from here on are joined first)
+                joined = [*joined[:at], *fragments.join(joined[at:])]
+                continue
             if pending:  # what came before the drop goes first
                 index.ensure(index_name, ctx)
                 writes = session.writer.session(ctx.check, ctx.leadership.wait_lost)

@@ -95,6 +95,11 @@ _BYTES = _Bytes()
 _SERIALIZERS = {m: _BYTES for m in (JSON, NDJSON, "application/*", "text/*")}
 
 
+#: How a bulk answer with nothing but items' statuses (``filter_path``) begins when every item
+#: was written.
+_ALL_WRITTEN = b'{"errors":false,"items":['
+
+
 def _decode(data: Any) -> Any:
     if isinstance(data, str):
         data = data.encode()
@@ -102,6 +107,11 @@ def _decode(data: Any) -> Any:
         return data if isinstance(data, (dict, list)) else None
     if not data:
         return None
+    if data.startswith(_ALL_WRITTEN) and data.find(b'"_index"') < 0:
+        # Every item written: only their number is read (parsing an answer of 1,000 items
+        # and freeing it cost ~0.3 us per item). One ``"status":`` per item, and none else:
+        # ids and reasons are JSON strings, where a quote is always escaped.
+        return {"errors": False, "items": [None] * data.count(b'"status":')}
     try:
         return orjson.loads(data)  # (a bulk answer has an item per document: the faster parser)
     except ValueError:

@@ -156,32 +156,46 @@ def _bson_token(data: bytes) -> Mapping[str, Any] | None:
 
 #: The head of a SecantusDB resume token: its BSON length, ``s`` as an int32 (skipped), then
 #: ``t``, a BSON timestamp (a little-endian uint64: seconds in the high half).
-_SECANTUS = struct.Struct("<I3s4x3sQ")
+SECANTUS_TOKEN = struct.Struct("<I3s4x3sQ")
 
 
 #: The BSON timestamps (a little-endian uint64, seconds in the high half) of the cluster times
 #: :func:`encode` can encode.
-_STAMPS = (EPOCH << 32, (EPOCH + MAX_SECONDS + 1) << 32)
+STAMP_LOW, STAMP_HIGH = EPOCH << 32, (EPOCH + MAX_SECONDS + 1) << 32
 
 
 def plain_version(data: Any) -> int:
     """The version of an event outside a transaction, on a stream without ``clusterTime``,
-    whose resume token's ``_data`` is ``data``, when that is a SecantusDB token
-    ``{s: <int32>, t: <Timestamp>, ...}``: the only event at its cluster time (position 0);
-    ``-1`` for anything else (:meth:`EventVersioner.version` decides). The commonest case, in
-    as few steps as can be: this runs once per event."""
+    whose resume token's ``_data`` is ``data``: from a SecantusDB token
+    ``{s: <int32>, t: <Timestamp>, ...}`` (the only event at its cluster time, position 0) or a
+    mongod KeyString token (its ``txnOpIndex``); ``-1`` for anything else or anything amiss
+    (:meth:`EventVersioner.version` decides, and says what). The commonest case, in as few
+    steps as can be: this runs once per event."""
     try:
         raw = bytes.fromhex(data)
-        size, s_head, t_head, stamp = _SECANTUS.unpack_from(raw)
-    except (TypeError, ValueError, struct.error):
+    except (TypeError, ValueError):
         return -1
-    low, high = _STAMPS
-    increment = stamp & 0xFFFFFFFF
-    if size != len(raw) or s_head != TOKEN_S_INT32 or t_head != TOKEN_T_STAMP:
+    if len(raw) >= SECANTUS_TOKEN.size:
+        head: tuple[int, bytes, bytes, int] = SECANTUS_TOKEN.unpack_from(raw)
+        size, s_head, t_head, stamp = head
+        increment = stamp & 0xFFFFFFFF
+        if size == len(raw) and s_head == TOKEN_S_INT32 and t_head == TOKEN_T_STAMP:
+            if STAMP_LOW <= stamp < STAMP_HIGH and increment <= MAX_INCREMENT:
+                return (((stamp >> 32) - EPOCH) << SECONDS_SHIFT) | (increment << INCREMENT_SHIFT)
+            return -1
+    if raw[:1] != _KS_HEAD or _bson_shaped(raw):
         return -1
-    if not low <= stamp < high or increment > MAX_INCREMENT:
+    try:
+        position = keystring_txn_op_index(raw)
+    except (ValueError, IndexError):
         return -1
-    return int((((stamp >> 32) - EPOCH) << SECONDS_SHIFT) | (increment << INCREMENT_SHIFT))
+    seconds, increment = int.from_bytes(raw[1:5], "big"), int.from_bytes(raw[5:9], "big")
+    fits = 0 <= seconds - EPOCH <= MAX_SECONDS and increment <= MAX_INCREMENT
+    return encode(seconds, increment, position) if fits and position <= MAX_POSITION else -1
+
+
+#: The first byte of a mongod (KeyString) resume token: its cluster time's type.
+_KS_HEAD = bytes([_KS_TIMESTAMP])
 
 
 class EventVersioner:

@@ -27,9 +27,10 @@ pool. ``check`` runs before every request (:class:`~listeners.elasticsearch.bulk
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 from listeners.elasticsearch.bulk import BulkItem, BulkWriter, Check, Wait
@@ -73,6 +74,8 @@ class BulkWindow:
         self._entries: deque[_Entry] = deque()
         self._inflight: dict[Future[None], int] = {}  # request -> its bytes
         self._bytes = 0
+        #: Set by each request as it finishes (its done callback): what a wait waits on.
+        self._finished = threading.Event()
 
     @property
     def in_flight(self) -> int:
@@ -131,9 +134,10 @@ class BulkWindow:
         ):
             if stop is not None and stop():
                 raise HandoverInterrupted("a planned handover began while a batch waited")
-            self._reap(FIRST_COMPLETED, None if stop is None else POLL)
+            self._reap(True, None if stop is None else POLL)
         check()
         fut = self._writer.executor().submit(self._writer.send, chunk, check, wait_fn)
+        fut.add_done_callback(self._wake)
         self._inflight[fut] = size
         self._bytes += size
         self._entries[-1].requests.append(fut)
@@ -141,7 +145,7 @@ class BulkWindow:
     def acknowledged(self) -> int:
         """Drop the finished entries at the head; the events they carry. Raises the error of a
         failed request (see the module docstring)."""
-        self._reap(None)
+        self._reap(False)
         events = 0
         while self._entries and all(f.done() for f in self._entries[0].requests):
             events += self._entries.popleft().events
@@ -161,7 +165,7 @@ class BulkWindow:
                 timeout = min(left, POLL)
             elif stop is not None:
                 timeout = POLL
-            self._reap(ALL_COMPLETED, timeout)
+            self._reap(True, timeout)
 
     def flush(self, deadline: float | None = None, stop: Callable[[], bool] | None = None) -> int:
         """Wait for every request (until ``deadline`` at most, and see :meth:`wait` for
@@ -177,11 +181,20 @@ class BulkWindow:
         self._entries.clear()
         self._bytes = 0
 
-    def _reap(self, how: str | None, timeout: float | None = None) -> None:
-        if how is None:
-            done = [f for f in self._inflight if f.done()]
-        else:
-            done = list(wait(list(self._inflight), timeout, return_when=how).done)
+    def _wake(self, _request: Future[None]) -> None:
+        self._finished.set()
+
+    def _reap(self, block: bool, timeout: float | None = None) -> None:
+        """Drop the finished requests (raising the first error); with ``block``, first wait
+        until one finishes, or ``timeout`` seconds. The wait is on :attr:`_finished`, not on the
+        requests: ``concurrent.futures.wait`` installs and removes a waiter on every future at
+        each call, and a full window waits again every :data:`POLL` (0.7-1.5 us of CPU per
+        event of a sink-bound stream, measured)."""
+        if block:
+            self._finished.clear()  # (a request that finishes from here on sets it again)
+            if all(not f.done() for f in self._inflight):
+                self._finished.wait(timeout)
+        done = [f for f in self._inflight if f.done()]
         for fut in done:
             self._bytes -= self._inflight.pop(fut)
         for fut in done:

@@ -42,3 +42,42 @@ def test_split_stage_only_where_supported_and_documents_looked_up_when_missing(
     assert diff.ok, diff
     assert diff.mongo_count == 4
     listener.close()
+
+
+def _split(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """``event`` as ``$changeStreamSplitLargeEvent`` would send it in two fragments (the
+    document in the second; both with its token, which versions them alike)."""
+    head = {k: v for k, v in event.items() if k != "fullDocument"}
+    tail = {"_id": event["_id"], "fullDocument": event.get("fullDocument")}
+    return [
+        {**head, "splitEvent": {"fragment": 1, "of": 2}},
+        {**tail, "splitEvent": {"fragment": 2, "of": 2}},
+    ]
+
+
+def test_split_events_amid_whole_ones_are_joined_in_a_batch(
+    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
+) -> None:
+    """The commonest events are mapped inline (``ItemMaker.collect``) up to the first fragment;
+    from there the batch's fragments are joined, then mapped: the index equals the collection."""
+    coll, db = docs, docs.database.name
+    listener = ElasticsearchSync(database=db, collection="docs", es=es_url)
+    ctx = es_support.Tenures(listener.lease_name).next(client)
+    listener.on_start(ctx)
+    start = cluster_time(client)
+    coll.insert_many([{"_id": i, "n": i, "s": "x" * i} for i in range(8)])
+    coll.update_one({"_id": 2}, {"$set": {"n": 200}})
+    coll.replace_one({"_id": 5}, {"r": True})
+    coll.delete_one({"_id": 6})
+    es_support.put_marker(coll)
+    for batch in es_support.events_until_marker(coll, start):
+        mixed: list[dict[str, Any]] = []
+        for i, event in enumerate(batch):
+            whole = dict(event)
+            mixed.extend(_split(whole) if i % 3 == 1 and "fullDocument" in whole else [whole])
+        listener.handle_batch(mixed, ctx)
+    listener.flush(None, ctx)
+    diff = compare(coll, es_url, listener.index_name)
+    assert diff.ok, diff
+    assert diff.mongo_count == 7
+    listener.close()

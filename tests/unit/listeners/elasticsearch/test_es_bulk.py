@@ -163,3 +163,18 @@ def test_an_answer_orjson_refuses_is_still_read() -> None:
     odd = _decode(b'{"n": NaN, "v": 9223372036854775807}')  # orjson refuses NaN: json reads it
     assert odd["v"] == 2**63 - 1 and odd["n"] != odd["n"]
     assert _decode(b"<html>bad gateway</html>")["error"]["type"] == "unparseable_response"
+
+
+def test_an_all_written_answer_is_counted_not_parsed() -> None:
+    from listeners.elasticsearch.transport import _decode
+
+    body = b'{"errors":false,"items":[' + b",".join([b'{"index":{"status":201}}'] * 3) + b"]}"
+    assert _decode(body) == {"errors": False, "items": [None] * 3}
+    # ... but an answer that says more (an item's physical index, a server that ignores
+    # filter_path) is read whole
+    landed = b'{"errors":false,"items":[{"index":{"_index":"i-1","status":201}}]}'
+    assert _decode(landed) == {
+        "errors": False,
+        "items": [{"index": {"_index": "i-1", "status": 201}}],
+    }
+    assert _decode(b'{"errors":true,"items":[{"index":{"status":409}}]}')["errors"] is True

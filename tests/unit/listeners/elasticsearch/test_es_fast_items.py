@@ -176,6 +176,9 @@ def test_the_bulk_body_is_the_per_event_mappings(
     # The stream without a transform projects the document's ``_id`` away (``UNUSED_WITH_ID``):
     # the same body.
     assert _collected(_without_document_ids(events), "shop.orders")[:2] == (lines, dead)
+    # SecantusDB tags every event of a stream with the split stage as one fragment of one.
+    tagged = [{**e, "splitEvent": {"fragment": 1, "of": 1}} for e in events]
+    assert _collected(tagged, "shop.orders") == (lines, dead, len(events))
 
 
 def _without_document_ids(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -209,10 +212,12 @@ def test_large_documents_and_every_value_type() -> None:
     assert len(lines) == 5 and not dead
 
 
-def test_a_drop_stops_the_collection_where_it_stands() -> None:
+def test_a_drop_or_a_fragment_stops_the_collection_where_it_stands() -> None:
     events = _events([("insert", 1, {}), ("drop", None, None), ("insert", 2, {})])
     lines, _, at = _collected(events, "i")
     assert at == 1 and len(lines) == 1
+    events[1] = {**events[2], "splitEvent": {"fragment": 1, "of": 2}}
+    assert _collected(events, "i")[2] == 1
 
 
 def test_a_transform_and_a_lookup_take_the_per_event_path() -> None:
