@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 APT_PKGS := redis-server faketime docker-compose
 
-.PHONY: test demo lint typecheck pytest bench drill sysdeps venv clean
+.PHONY: test demo lint typecheck pytest bench drill sysdeps venv clean package-check k8s-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,7 @@ pytest: $(STAMP) sysdeps
 	$(VENV)/bin/pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile -v -m "not serial" --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(VENV)/bin/pytest -p no:cacheprovider -m serial --durations=10 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
-test: sysdeps $(STAMP) lint typecheck pytest
+test: sysdeps $(STAMP) lint typecheck docs-check k8s-check pytest
 
 demo: $(STAMP)
 	$(VENV)/bin/singleton demo $(DEMO_ARGS)
@@ -54,6 +54,28 @@ bench: $(STAMP) sysdeps
 
 drill: $(STAMP) sysdeps
 	$(VENV)/bin/singleton drill --rounds 100 $(DRILL_ARGS)
+	$(VENV)/bin/singleton drill --shaped --rounds 30 $(DRILL_ARGS)
+	$(VENV)/bin/singleton drill --related --rounds 30 $(DRILL_ARGS)
+
+# The distribution as PyPI would get it: a wheel and an sdist, their metadata and README checked.
+package-check: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(VENV)/bin/twine check --strict dist/*
+
+# The Kubernetes manifests against the API schemas (kubernetes-validate ships them: no cluster).
+k8s-check: $(STAMP)
+	$(VENV)/bin/kubernetes-validate --strict deploy/kubernetes/*.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# The documentation site (MkDocs Material, mkdocs.yml): `make docs` serves it with live reload on
+# http://127.0.0.1:8000; `make docs-check` builds it as CI does, where a broken link, anchor or
+# API reference, or a config key without a description, fails the build.
+.PHONY: docs docs-check
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+
+docs-check: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet

@@ -1,4 +1,9 @@
-"""Change-stream listeners that run under a singleton Elector."""
+"""Change-stream listeners that run under a singleton Elector.
+
+Logs nothing until the application asks (``logger.enable("listeners")`` or
+:func:`singleton.use_stdlib_logging`): ``import singleton``, which this package's first import
+runs, disables its logger.
+"""
 
 from __future__ import annotations
 

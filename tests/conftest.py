@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import pytest
 from hypothesis import HealthCheck, settings
+from loguru import logger
 
 from singleton.lease.contract import LeaseBackend
 from singleton.service.dev.embedded import ElasticServer, EmbeddedServer, MongoServer, RedisServer
@@ -18,6 +19,11 @@ from singleton.testing import MemoryLeaseBackend
 #: example, and slow examples are no health problem. A machine's settings derive from it, as
 #: ``settings(settings.get_profile("stores"), max_examples=..., stateful_step_count=...)``.
 settings.register_profile("stores", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# The library is silent by default (``import singleton`` disables its loggers); the tests read
+# its records through sinks of their own.
+for _package in ("singleton", "listeners"):
+    logger.enable(_package)
 
 
 def _serving(

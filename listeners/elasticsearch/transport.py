@@ -7,8 +7,9 @@ certificates, optional request compression. It sends exactly the headers it is g
 request says plain ``application/json``: elasticsearch-py's client layer would rewrite that into
 ``application/vnd.elasticsearch+json; compatible-with=N``, which OpenSearch and some proxies
 refuse (406), while every server this listener supports (Elasticsearch 7-9, OpenSearch) accepts
-plain JSON. A user's own ``elasticsearch.Elasticsearch`` client is used through its transport,
-below that rewrite, and is never closed here.
+plain JSON. A user's own ``elasticsearch.Elasticsearch`` client (8.x, 9.x) is used through its
+transport, below that rewrite; an ``opensearchpy.OpenSearch`` client through its connection
+pool (:class:`OpenSearchPyTransport`). Neither is ever closed here.
 
 Failure model: a request either gets an HTTP answer (any status is returned, the caller
 decides; :func:`request_error` says what a failed status means) or raises
@@ -168,6 +169,56 @@ class EsTransport:
             self._transport.close()
 
 
+class OpenSearchPyTransport:
+    """Requests over an ``opensearchpy.OpenSearch`` client's connections (never closed here).
+
+    Its ``Transport`` decodes bodies and raises on error statuses, so requests go one level
+    below, to a connection of its pool (``get_connection``: its selector, its dead-node
+    timeouts), which answers ``(status, headers, raw body)`` for every status we ``ignore``;
+    a connection that fails is marked dead and the next one of the pool tried, once per node.
+    The connection adds the client's auth, TLS and compression; the headers are plain JSON."""
+
+    #: Every status comes back as an answer: the caller decides (:func:`request_error`).
+    _ANY_STATUS = tuple(range(100, 600))
+
+    def __init__(self, transport: Any, description: str, request_timeout: float | None) -> None:
+        self._transport = transport
+        self.description = description
+        self._timeout = request_timeout
+        self._tries = max(1, len(getattr(transport.connection_pool, "connections", ()) or ()))
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, *, ndjson: bool = False
+    ) -> tuple[int, Any]:
+        from opensearchpy.exceptions import TransportError  # the client's own: it is installed
+
+        headers = _NDJSON_HEADERS if ndjson else _JSON_HEADERS
+        failure: TransportError | None = None
+        for _ in range(self._tries):
+            connection = self._transport.get_connection()
+            try:
+                status, _headers, data = connection.perform_request(
+                    method, path, None, body, self._timeout, self._ANY_STATUS, headers
+                )
+            except TransportError as exc:  # no answer: connection refused, reset, timed out
+                failure = exc
+                self._transport.mark_dead(connection)
+                continue
+            return int(status), _decode(data)
+        raise EsUnavailableError(
+            f"{method} {path.split('?')[0]} on {self.description}: {type(failure).__name__}"
+        ) from failure
+
+    def close(self) -> None:
+        pass  # the user's client
+
+
+def _opensearch_description(transport: Any) -> str:
+    connections = getattr(transport.connection_pool, "connections", None) or []
+    hosts = [redact(f"{c.host}{getattr(c, 'url_prefix', '')}") for c in connections]
+    return ",".join(hosts) or "opensearch client"
+
+
 def _describe(configs: Sequence[elastic_transport.NodeConfig]) -> str:
     return ",".join(f"{c.scheme}://{c.host}:{c.port}{c.path_prefix}" for c in configs)
 
@@ -182,6 +233,8 @@ def describe(es: Any) -> str:
     inner = getattr(es, "transport", None)
     if isinstance(inner, elastic_transport.Transport):
         return _describe([n.config for n in inner.node_pool.all()]) or "elasticsearch client"
+    if _is_opensearch_py(inner):
+        return _opensearch_description(inner)
     return str(getattr(es, "description", type(es).__name__))
 
 
@@ -248,10 +301,18 @@ def connect(  # noqa: PLR0913
     return EsTransport(transport, _describe(configs), owned=True, max_retries=len(configs) - 1)
 
 
+def _is_opensearch_py(transport: Any) -> bool:
+    """Whether ``transport`` is an ``opensearchpy`` client's (duck-typed: no import needed)."""
+    return type(transport).__module__.startswith("opensearchpy") and hasattr(
+        transport, "get_connection"
+    )
+
+
 def make_transport(es: Any, **options: Any) -> tuple[Transport, bool]:
     """A transport for ``es`` and whether the caller owns it: URLs give an owned
-    :func:`connect` (``options`` are its keywords); an ``elasticsearch.Elasticsearch`` client
-    or a ready :class:`Transport` (tests, proxies) stay the caller's."""
+    :func:`connect` (``options`` are its keywords); an ``elasticsearch.Elasticsearch`` client,
+    an ``opensearchpy.OpenSearch`` client or a ready :class:`Transport` (tests, proxies) stay
+    the caller's."""
     if isinstance(es, str) or (isinstance(es, Sequence) and all(isinstance(u, str) for u in es)):
         return connect(es, **options), True
     inner = getattr(es, "transport", None)
@@ -266,6 +327,9 @@ def make_transport(es: Any, **options: Any) -> tuple[Transport, bool]:
             request_timeout=options.get("request_timeout", 30.0),
         )
         return transport, False
+    if _is_opensearch_py(inner):
+        timeout = options.get("request_timeout", 30.0)
+        return OpenSearchPyTransport(inner, _opensearch_description(inner), timeout), False
     if hasattr(es, "request") and hasattr(es, "description"):
         return es, False
     raise ConfigurationError(f"es must be an Elasticsearch URL or client, got {type(es).__name__}")

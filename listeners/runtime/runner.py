@@ -51,6 +51,7 @@ from singleton.drivers import mongo
 from singleton.errors import ConfigurationError, SingletonError, StaleWriterError
 from singleton.options import reject_unknown
 from singleton.retry import Backoff
+from singleton.stdlog import seconds
 
 if TYPE_CHECKING:
     from pymongo import MongoClient
@@ -301,9 +302,9 @@ class ListenerRunner:
         tenure.wake.set()
         if not tenure.gate.close(self.drain_timeout):
             logger.warning(
-                "handing over without the act in hand (over {}s): listener={} token={}; the "
+                "handing over without the act in hand (over {}): listener={} token={}; the "
                 "successor replays what it had not acknowledged; the act: {}",
-                self.drain_timeout,
+                seconds(self.drain_timeout),
                 self.name,
                 ld.token,
                 tenure.gate.where_acting(),

@@ -23,6 +23,7 @@ from loguru import logger
 from listeners.stream.reader import StartPosition, oplog_bounds, watch
 from singleton.clock import SYSTEM_CLOCK, Clock
 from singleton.drivers.mongo import classify
+from singleton.stdlog import seconds
 
 if TYPE_CHECKING:
     from listeners.base import ChangeStreamListener
@@ -133,10 +134,10 @@ class StandbyChecker:
     def _warn(self, cp: Checkpoint, result: dict[str, Any]) -> None:
         if result["resumable"] is False or result["at_risk"]:
             logger.warning(
-                "standby: checkpoint of listener={} at {} is {} (oplog headroom {}s of {}s)",
+                "standby: checkpoint of listener={} at {} is {} (oplog headroom {} of {})",
                 cp.name,
                 cp.cluster_time,
                 "no longer resumable" if result["resumable"] is False else "close to expiry",
-                result["oplog_headroom_seconds"],
-                result["oplog_window_seconds"],
+                seconds(result["oplog_headroom_seconds"]),
+                seconds(result["oplog_window_seconds"]),
             )

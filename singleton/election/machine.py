@@ -34,6 +34,7 @@ from singleton.election.leadership import Leadership
 from singleton.election.settings import EXPIRY_MARGIN, ElectorSettings
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.lease.contract import HOLDER_SEPARATOR, Lease, identity_of
+from singleton.stdlog import seconds
 
 
 @dataclass(frozen=True)
@@ -152,9 +153,9 @@ class Election:
         self._settle(action)
         if not finished:
             logger.warning(
-                "before_release did not finish within {}s, releasing anyway (the successor"
+                "before_release did not finish within {}, releasing anyway (the successor"
                 " replays what was not acknowledged): lease={} token={}",
-                action.timeout,
+                seconds(action.timeout),
                 self.name,
                 action.leadership.token,
             )

@@ -42,6 +42,7 @@ from singleton.jobs.context import JobContext, JobStatus
 from singleton.jobs.triggers import due_fire_times, epoch_ms
 from singleton.lease.contract import LeaseBackend
 from singleton.retry import Backoff
+from singleton.stdlog import seconds
 
 JobFunction = Callable[[JobContext], Any]
 #: APScheduler's name for the one job store the scheduler uses (in memory, per replica).
@@ -175,12 +176,12 @@ class FireRunner:
             job.status.missed += len(missed)
             job.status.last_outcome = "missed"
         logger.warning(
-            "job {} missed {} fire time(s) from {} to {}: later than misfire_grace {}s, not run",
+            "job {} missed {} fire time(s) from {} to {}: later than misfire_grace {}, not run",
             job.name,
             len(missed),
             missed[0].isoformat(),
             missed[-1].isoformat(),
-            job.misfire_grace,
+            seconds(job.misfire_grace),
         )
 
     def _fire(

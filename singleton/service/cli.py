@@ -18,6 +18,7 @@ from typing import Any
 from bson import json_util
 from loguru import logger
 
+import singleton
 from singleton.errors import ConfigurationError, SingletonError
 from singleton.redact import redact
 from singleton.service.config import Config, LeaseConfig, TestSwitches, load_config
@@ -89,6 +90,7 @@ def _listener_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="singleton", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {singleton.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one replica")
     _common(run)
@@ -239,12 +241,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     reports = verify(config, args.listener_name, repair=args.repair, sample=args.sample)
     if args.repair and not all(r.ok for r in reports):
-        repaired = {r.listener: r for r in reports}
+        repaired = {(r.listener, r.index): r for r in reports}
         # what the repair left, if anything
         reports = verify(config, args.listener_name, sample=args.sample)
         for r in reports:
-            r.repaired = repaired[r.listener].repaired
-            r.refused_as_newer = repaired[r.listener].refused_as_newer
+            r.repaired = repaired[r.listener, r.index].repaired
+            r.refused_as_newer = repaired[r.listener, r.index].refused_as_newer
     if args.json:
         print(json.dumps([r.as_dict() for r in reports]))  # noqa: T201
     else:

@@ -1,6 +1,9 @@
 """Log set-up for the command line: loguru, human-readable or JSON, credentials redacted.
 
-Libraries do not configure logging; only the CLI (and the demo/drill it runs) calls this.
+Libraries do not configure logging; only the CLI (and the demo/drill it runs) calls this. As a
+library, singleton and listeners are silent (``import singleton`` disables their loggers): the
+service enables them here, and redacts every record with the same patcher as the library's
+routes (:func:`singleton.stdlog.redact_record`).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from singleton.redact import redact
+from singleton.stdlog import PACKAGES, redact_record
 
 if TYPE_CHECKING:
     from loguru import Record
@@ -22,11 +25,8 @@ TEXT_FORMAT = (
 
 
 def _patch(record: Record) -> None:
-    record["message"] = redact(record["message"])
+    redact_record(record)
     record["extra"].setdefault("identity", "-")
-    exc = record["exception"]
-    if exc is not None and exc.value is not None:
-        exc.value.args = tuple(redact(a) if isinstance(a, str) else a for a in exc.value.args)
 
 
 def setup_logging(fmt: str = "text", level: str = "INFO", identity: str | None = None) -> None:
@@ -37,3 +37,5 @@ def setup_logging(fmt: str = "text", level: str = "INFO", identity: str | None =
     else:
         logger.add(sys.stderr, format=TEXT_FORMAT, colorize=None, **kwargs)
     logger.configure(patcher=_patch, extra={"identity": identity or "-"})
+    for package in PACKAGES:
+        logger.enable(package)
