@@ -234,24 +234,41 @@ def client(
         raise ConfigurationError(
             f"expected a pymongo.MongoClient or a URL string, got {type(client_or_url)!r}"
         )
-    refuse_control_characters("the MongoDB URL", client_or_url)
-    if userinfo_cut_short(client_or_url, "/?"):  # pymongo reads a raw '#' in a password
-        raise ConfigurationError(f"invalid MongoDB URL: {cut_short(client_or_url, '/?')}")
-    ms = max(1, int(timeouts.connect * 1000))
-    try:
+    with building_client(client_or_url):
         built: MongoClient[dict[str, Any]] = pymongo.MongoClient(
-            client_or_url,
-            serverSelectionTimeoutMS=ms,
-            connectTimeoutMS=ms,
-            socketTimeoutMS=max(1, int(timeouts.socket * 1000)),
-            tz_aware=True,
-            connect=False,
+            client_or_url, **client_options(timeouts)
         )
+    return built, True
+
+
+def client_options(timeouts: Timeouts) -> dict[str, Any]:
+    """The keywords every client built here gets (thread or asyncio): ``timeouts``,
+    timezone-aware datetimes, no connection until first use."""
+    ms = max(1, int(timeouts.connect * 1000))
+    return {
+        "serverSelectionTimeoutMS": ms,
+        "connectTimeoutMS": ms,
+        "socketTimeoutMS": max(1, int(timeouts.socket * 1000)),
+        "tz_aware": True,
+        "connect": False,
+    }
+
+
+@contextlib.contextmanager
+def building_client(url: str) -> Iterator[None]:
+    """Check ``url``'s form, then turn what the client's constructor raises inside the block
+    into a :class:`ConfigurationError` naming the (redacted) URL."""
+    import pymongo
+
+    refuse_control_characters("the MongoDB URL", url)
+    if userinfo_cut_short(url, "/?"):  # pymongo reads a raw '#' in a password
+        raise ConfigurationError(f"invalid MongoDB URL: {cut_short(url, '/?')}")
+    try:
+        yield
     except (pymongo.errors.PyMongoError, ValueError, TypeError) as exc:
         raise ConfigurationError(
-            f"invalid MongoDB URL {redact_refused(client_or_url)!r}: {redact(str(exc))}"
+            f"invalid MongoDB URL {redact_refused(url)!r}: {redact(str(exc))}"
         ) from exc
-    return built, True
 
 
 def cluster_time(mongo: Any) -> Timestamp:

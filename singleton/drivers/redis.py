@@ -240,12 +240,10 @@ def check_url(url: str) -> None:
     client_from_url(url).close()
 
 
-def client_from_url(url: str, **options: Any) -> redis.Redis:
-    """A client for ``url`` (see the module docstring); ``options`` are redis-py connection
-    keywords (``socket_timeout``, ``retry``...) for the data connections. The ``socket_*`` ones
-    also bound each call to a Sentinel, which is never retried: the next one is asked. Connects
-    to nothing yet. The caller owns the client: its ``close()`` also closes the Sentinel
-    connections."""
+def checked_url(url: str) -> SentinelURL | None:
+    """Check ``url``'s form without connecting (the thread and the asyncio clients accept the
+    same URLs): a Sentinel URL's parts, ``None`` for a ``redis://``, ``rediss://`` or
+    ``unix://`` one, or :class:`ConfigurationError` naming what is wrong (redacted)."""
     if isinstance(url, str):
         refuse_control_characters("the Redis URL", url)
     if not isinstance(url, str) or not url.startswith(SCHEMES):
@@ -254,7 +252,21 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
     if userinfo_cut_short(url):  # else a piece of the password would be read as a host or port
         raise ConfigurationError(f"invalid Redis URL: {cut_short(url)}")
     if is_sentinel_url(url):
-        parts = parse_sentinel_url(url)
+        return parse_sentinel_url(url)
+    query = url.partition("?")[2]  # (a `?` in the password was refused as cut short above)
+    for _ in _parameters(query, _redis_py_parameters(), _bad_url(url)):
+        pass
+    return None
+
+
+def client_from_url(url: str, **options: Any) -> redis.Redis:
+    """A client for ``url`` (see the module docstring); ``options`` are redis-py connection
+    keywords (``socket_timeout``, ``retry``...) for the data connections. The ``socket_*`` ones
+    also bound each call to a Sentinel, which is never retried: the next one is asked. Connects
+    to nothing yet. The caller owns the client: its ``close()`` also closes the Sentinel
+    connections."""
+    parts = checked_url(url)
+    if parts is not None:
         sentinel_kwargs = {k: v for k, v in options.items() if k.startswith("socket_")}
         sentinel_kwargs.update(parts.sentinel_kwargs())
         # A silent Sentinel is skipped for the next one at once: redis-py's default retries
@@ -269,9 +281,6 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
             **{**parts.master_kwargs(), **options},
         )
         return client
-    query = url.partition("?")[2]  # (a `?` in the password was refused as cut short above)
-    for _ in _parameters(query, _redis_py_parameters(), _bad_url(url)):
-        pass
     try:
         return redis.Redis.from_url(url, **options)
     except (ValueError, TypeError, rex.RedisError) as exc:

@@ -37,12 +37,9 @@ def default_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class ElectorOptions(TypedDict, total=False):
-    """The keyword options of ``Elector(backend, name, **options)``; every one is optional.
-
-    Timings (seconds; see :class:`ElectorSettings` for the rule and defaults) come one by one or
-    whole as ``timings`` (which then wins). ``clock`` defaults to the system's, ``jitter`` to 0.1.
-    """
+class ElectionOptions(TypedDict, total=False):
+    """The options every driver of an election takes (the thread ``Elector``, the asyncio
+    ``AsyncElector``), its callbacks aside: each driver types those its own way."""
 
     identity: str | None
     ttl: float
@@ -53,15 +50,24 @@ class ElectorOptions(TypedDict, total=False):
     cooldown: float | None
     release_timeout: float | None
     timings: LeaseTimings | None
-    on_elected: OnElected | None
-    on_lost: OnLost | None
-    on_new_leader: OnNewLeader | None
-    before_release: BeforeRelease | None
     clock: Clock | None
     jitter: float
     seed: int | None
     unsafe_disable_fencing: bool
     gate: Gate | None
+
+
+class ElectorOptions(ElectionOptions, total=False):
+    """The keyword options of ``Elector(backend, name, **options)``; every one is optional.
+
+    Timings (seconds; see :class:`ElectorSettings` for the rule and defaults) come one by one or
+    whole as ``timings`` (which then wins). ``clock`` defaults to the system's, ``jitter`` to 0.1.
+    """
+
+    on_elected: OnElected | None
+    on_lost: OnLost | None
+    on_new_leader: OnNewLeader | None
+    before_release: BeforeRelease | None
 
 
 _TIMING_KEYS = (

@@ -146,6 +146,75 @@ def _owned_by(lease: Lease) -> Doc:
     }
 
 
+def check_options(
+    database: object, collection: object, clock_skew_warning: object, timeout: object
+) -> None:
+    """Refuse a bad option of a MongoDB lease backend (thread or asyncio), naming it."""
+    for label, value in (("database", database), ("collection", collection)):
+        if not isinstance(value, str) or not value or "$" in value:
+            raise ConfigurationError(f"{label} must be a non-empty name, got {value!r}")
+    for label, number in (("clock_skew_warning", clock_skew_warning), ("timeout", timeout)):
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0:
+            raise ConfigurationError(f"{label} must be a positive number, got {number!r}")
+
+
+def renew_update(ttl: float) -> list[Doc]:
+    """The update of a renewal, with the filter :func:`_owned_by`."""
+    return [{"$set": {"expiresAt": {"$add": ["$$NOW", _ttl_ms(ttl)]}, "renewedAt": "$$NOW"}}]
+
+
+#: The update of a release, with the filter :func:`_owned_by`. The token stays: the next grant
+#: computes max(token + 1, now) from it.
+RELEASE_UPDATE = [{"$set": {"holder": None, "expiresAt": "$$NOW", "releasedAt": "$$NOW"}}]
+
+
+def inspect_pipeline(name: str) -> list[Doc]:
+    """The aggregation of :meth:`MongoLeaseBackend.inspect`: holder, token and remaining ms."""
+    return [
+        {"$match": {"_id": name}},
+        {
+            "$project": {
+                "holder": 1,
+                "token": 1,
+                "remainingMs": {"$subtract": [_ms("$expiresAt"), NOW_MS]},
+            }
+        },
+    ]
+
+
+def contended(name: str, holder: str, ttl: float, doc: Doc | None) -> Lease | LeaseState | None:
+    """What the contend's ``findOneAndUpdate`` returned (the document after), as an answer."""
+    if doc is None:  # an upsert always returns the document after; be explicit anyway
+        return None
+    if doc.get("holder") == holder:
+        return Lease(name, holder, int(doc["token"]), ttl)
+    return lease_state(name, doc, doc.get("contendedAt"))
+
+
+def lease_state(name: str, doc: Mapping[str, Any], now: datetime | None) -> LeaseState | None:
+    """The live lease in ``doc`` (``now``: the server time it was read at, or ``None`` when the
+    document carries ``remainingMs``), or ``None`` if it is free or expired."""
+    holder = doc.get("holder")
+    remaining_ms: float | None = doc.get("remainingMs")
+    if now is not None:
+        remaining_ms = _epoch_ms(doc.get("expiresAt")) - _epoch_ms(now)
+    if holder is None or remaining_ms is None or remaining_ms <= 0:
+        return None
+    return LeaseState(name, str(holder), int(doc["token"]), remaining_ms / 1000)
+
+
+def released_name(change: Mapping[str, Any]) -> str | None:
+    """The lease name a change event of the :data:`_RELEASES` stream released, if any."""
+    key = change.get("documentKey") or {}
+    name = key.get("_id")
+    if change.get("operationType") == "replace":
+        released = (change.get("fullDocument") or {}).get("holder", 0) is None
+    else:
+        fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
+        released = fields.get("holder") is None
+    return name if released and isinstance(name, str) else None
+
+
 class MongoLeaseBackend(ServerLeaseBackend):
     """Leases on MongoDB. Pass a ``MongoClient`` (never closed here) or a URL (the client built
     from it has bounded timeouts and is closed by :meth:`close`)."""
@@ -159,12 +228,7 @@ class MongoLeaseBackend(ServerLeaseBackend):
         clock_skew_warning: float = 0.5,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
-        for label, value in (("database", database), ("collection", collection)):
-            if not isinstance(value, str) or not value or "$" in value:
-                raise ConfigurationError(f"{label} must be a non-empty name, got {value!r}")
-        for label, number in (("clock_skew_warning", clock_skew_warning), ("timeout", timeout)):
-            if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0:
-                raise ConfigurationError(f"{label} must be a positive number, got {number!r}")
+        check_options(database, collection, clock_skew_warning, timeout)
         self._timeout = float(timeout)
         self._skew_warning = float(clock_skew_warning)
         # The socket may wait out one change-stream getMore (POLL_MS) on top of the timeout.
@@ -202,26 +266,23 @@ class MongoLeaseBackend(ServerLeaseBackend):
                 {"_id": name}, pipeline, upsert=True, return_document=ReturnDocument.AFTER
             ),
         )
-        if doc is None:  # an upsert always returns the document after; be explicit anyway
-            return None
-        if doc.get("holder") == holder:
-            return Lease(name, holder, int(doc["token"]), ttl)
-        return self._state(name, doc, doc.get("contendedAt"))
+        return contended(name, holder, ttl, doc)
 
     def renew(self, lease: Lease, ttl: float | None = None) -> Lease | None:
         ttl = lease.ttl if ttl is None else ttl
         validate_lease_args(lease.name, lease.holder, ttl)
-        update = [{"$set": {"expiresAt": {"$add": ["$$NOW", _ttl_ms(ttl)]}, "renewedAt": "$$NOW"}}]
         with self._translate("renew", lease.name):
-            doc = self._coll.find_one_and_update(_owned_by(lease), update, projection={"_id": 1})
+            doc = self._coll.find_one_and_update(
+                _owned_by(lease), renew_update(ttl), projection={"_id": 1}
+            )
         return None if doc is None else Lease(lease.name, lease.holder, lease.token, ttl)
 
     def release(self, lease: Lease) -> bool:
         validate_lease_args(lease.name, lease.holder)
-        # The token stays: the next grant computes max(token + 1, now) from it.
-        update = [{"$set": {"holder": None, "expiresAt": "$$NOW", "releasedAt": "$$NOW"}}]
         with self._translate("release", lease.name):
-            doc = self._coll.find_one_and_update(_owned_by(lease), update, projection={"_id": 1})
+            doc = self._coll.find_one_and_update(
+                _owned_by(lease), RELEASE_UPDATE, projection={"_id": 1}
+            )
         if doc is None:
             return False
         self._releases.notify(lease.name)  # local waiters need not wait for the stream
@@ -229,21 +290,11 @@ class MongoLeaseBackend(ServerLeaseBackend):
 
     def inspect(self, name: str) -> LeaseState | None:
         validate_lease_args(name)
-        pipeline: list[Doc] = [
-            {"$match": {"_id": name}},
-            {
-                "$project": {
-                    "holder": 1,
-                    "token": 1,
-                    "remainingMs": {"$subtract": [_ms("$expiresAt"), NOW_MS]},
-                }
-            },
-        ]
         with self._translate("inspect", name):
-            docs = list(self._coll.aggregate(pipeline))
+            docs = list(self._coll.aggregate(inspect_pipeline(name)))
         if not docs:
             return None
-        return self._state(name, docs[0], None)
+        return lease_state(name, docs[0], None)
 
     def remember(self, name: str, facts: Mapping[str, str | int]) -> None:
         fields = validate_facts(name, facts)
@@ -322,14 +373,8 @@ class MongoLeaseBackend(ServerLeaseBackend):
             raise
 
     def _dispatch(self, change: Mapping[str, Any]) -> None:
-        key = change.get("documentKey") or {}
-        name = key.get("_id")
-        if change.get("operationType") == "replace":
-            released = (change.get("fullDocument") or {}).get("holder", 0) is None
-        else:
-            fields = (change.get("updateDescription") or {}).get("updatedFields") or {}
-            released = fields.get("holder") is None
-        if released and isinstance(name, str):
+        name = released_name(change)
+        if name is not None:
             logger.debug("release observed: lease={}", name)
             self._releases.notify(name)
 
@@ -345,16 +390,6 @@ class MongoLeaseBackend(ServerLeaseBackend):
                 if attempt == 2 or not isinstance(exc.__cause__, perr.DuplicateKeyError):
                     raise
         raise AssertionError("unreachable")
-
-    @staticmethod
-    def _state(name: str, doc: Mapping[str, Any], now: datetime | None) -> LeaseState | None:
-        holder = doc.get("holder")
-        remaining_ms: float | None = doc.get("remainingMs")
-        if now is not None:
-            remaining_ms = _epoch_ms(doc.get("expiresAt")) - _epoch_ms(now)
-        if holder is None or remaining_ms is None or remaining_ms <= 0:
-            return None
-        return LeaseState(name, str(holder), int(doc["token"]), remaining_ms / 1000)
 
     @contextlib.contextmanager
     def _translate(self, op: str, name: str) -> Iterator[None]:

@@ -195,6 +195,67 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# -- the options, keys and answers, shared by the thread and the asyncio backends (no I/O) -----
+def check_options(
+    namespace: object, socket_timeout: object, socket_connect_timeout: object
+) -> None:
+    """Refuse a bad option of a Redis lease backend, naming it."""
+    if not isinstance(namespace, str) or not namespace:
+        raise ConfigurationError(f"namespace must be a non-empty string, got {namespace!r}")
+    for label, value in (
+        ("socket_timeout", socket_timeout),
+        ("socket_connect_timeout", socket_connect_timeout),
+    ):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigurationError(f"{label} must be a positive number, got {value!r}")
+
+
+def lease_key(namespace: str, name: str) -> str:
+    return f"{namespace}:lease:{name}"
+
+
+def fence_key(namespace: str, name: str) -> str:
+    return f"{namespace}:fence:{name}"
+
+
+def lease_value(lease: Lease) -> str:
+    """What the lease key holds for ``lease``: the scripts compare it whole."""
+    return f"{lease.token}:{lease.holder}"
+
+
+def seconds_of(pttl: Any) -> float:
+    ms = int(pttl)
+    return math.inf if ms < 0 else ms / 1000
+
+
+def contended(name: str, holder: str, ttl: float, reply: Any) -> Lease | LeaseState:
+    """The :data:`ACQUIRE` script's ``reply``: the lease granted, or the live one's state."""
+    if int(reply[0]) == 1:
+        return Lease(name, holder, int(reply[1]), ttl)
+    return LeaseState(name, _text(reply[2]), int(reply[1]), seconds_of(reply[3]))
+
+
+def inspected(name: str, reply: Any) -> LeaseState | None:
+    """The :data:`INSPECT` script's ``reply``."""
+    if not reply:
+        return None
+    return LeaseState(name, _text(reply[1]), int(reply[0]), seconds_of(reply[2]))
+
+
+def publish_refused_warning(url: str, channel: str, reply: Any) -> None:
+    """Said once per backend when a :data:`RELEASE` answered ``{2, error}``."""
+    logger.warning(
+        "redis {} refused to PUBLISH on {} ({}): leases are released, but successors"
+        " elsewhere learn it only at the lease's expiry or their retry_interval, not in"
+        " milliseconds; grant the user the channel (ACL SETUSER <user> &{} +publish"
+        " +subscribe)",
+        url,
+        channel,
+        redact(_text(reply[1])),
+        channel,
+    )
+
+
 class RedisLeaseBackend(ServerLeaseBackend):
     """Leases on Redis. Pass a ``redis.Redis`` client (never closed here) or a URL, including
     ``redis+sentinel://`` (:func:`~singleton.drivers.redis.client_from_url`; the client
@@ -210,14 +271,7 @@ class RedisLeaseBackend(ServerLeaseBackend):
         socket_connect_timeout: float = DEFAULT_TIMEOUT,
         retries: int = 1,
     ) -> None:
-        if not isinstance(namespace, str) or not namespace:
-            raise ConfigurationError(f"namespace must be a non-empty string, got {namespace!r}")
-        for label, value in (
-            ("socket_timeout", socket_timeout),
-            ("socket_connect_timeout", socket_connect_timeout),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigurationError(f"{label} must be a positive number, got {value!r}")
+        check_options(namespace, socket_timeout, socket_connect_timeout)
         self.namespace = namespace
         self._owned = isinstance(client_or_url, str)
         if isinstance(client_or_url, str):
@@ -261,9 +315,7 @@ class RedisLeaseBackend(ServerLeaseBackend):
             reply = self._acquire(
                 keys=[self._key(name), self._fence(name)], args=[holder, _ms(ttl)]
             )
-        if int(reply[0]) == 1:
-            return Lease(name, holder, int(reply[1]), ttl)
-        return LeaseState(name, _text(reply[2]), int(reply[1]), self._seconds(reply[3]))
+        return contended(name, holder, ttl, reply)
 
     def renew(self, lease: Lease, ttl: float | None = None) -> Lease | None:
         ttl = lease.ttl if ttl is None else ttl
@@ -281,25 +333,14 @@ class RedisLeaseBackend(ServerLeaseBackend):
             )
         if int(reply[0]) == 2 and not self._publish_refused:
             self._publish_refused = True  # said once: every later release would say the same
-            logger.warning(
-                "redis {} refused to PUBLISH on {} ({}): leases are released, but successors"
-                " elsewhere learn it only at the lease's expiry or their retry_interval, not in"
-                " milliseconds; grant the user the channel (ACL SETUSER <user> &{} +publish"
-                " +subscribe)",
-                self._url,
-                self._channel,
-                redact(_text(reply[1])),
-                self._channel,
-            )
+            publish_refused_warning(self._url, self._channel, reply)
         return int(reply[0]) != 0
 
     def inspect(self, name: str) -> LeaseState | None:
         validate_lease_args(name)
         with self._translate("inspect", name):
             reply = self._inspect(keys=[self._key(name)])
-        if not reply:
-            return None
-        return LeaseState(name, _text(reply[1]), int(reply[0]), self._seconds(reply[2]))
+        return inspected(name, reply)
 
     def remember(self, name: str, facts: Mapping[str, str | int]) -> None:
         fields = validate_facts(name, facts)
@@ -381,10 +422,10 @@ class RedisLeaseBackend(ServerLeaseBackend):
         return translate(f"redis {op} of lease {name!r} on {self._url}")
 
     def _key(self, name: str) -> str:
-        return f"{self.namespace}:lease:{name}"
+        return lease_key(self.namespace, name)
 
     def _fence(self, name: str) -> str:
-        return f"{self.namespace}:fence:{name}"
+        return fence_key(self.namespace, name)
 
     def _facts(self, name: str) -> str:
         return f"{self.namespace}:facts:{name}"
@@ -394,9 +435,4 @@ class RedisLeaseBackend(ServerLeaseBackend):
 
     @staticmethod
     def _value(lease: Lease) -> str:
-        return f"{lease.token}:{lease.holder}"
-
-    @staticmethod
-    def _seconds(pttl: Any) -> float:
-        ms = int(pttl)
-        return math.inf if ms < 0 else ms / 1000
+        return lease_value(lease)
