@@ -136,6 +136,9 @@ class ChangeStreamListener:
     collection: str | None = None
     pipeline: Sequence[Mapping[str, Any]] = ()
     full_document: str | None = "updateLookup"
+    #: ``fullDocumentBeforeChange`` (MongoDB 6.0+, on collections with
+    #: ``changeStreamPreAndPostImages``): ``None`` (off), ``whenAvailable`` or ``required``.
+    full_document_before_change: str | None = None
     batch_size: int = 500
     #: Seconds to wait for more events before handing a partial batch over (it goes sooner
     #: when the stream has caught up: a ``getMore`` came back empty).
@@ -167,6 +170,7 @@ class ChangeStreamListener:
             "collection",
             "pipeline",
             "full_document",
+            "full_document_before_change",
             "batch_size",
             "max_batch_wait",
             "on_history_lost",
@@ -211,6 +215,11 @@ class ChangeStreamListener:
                 "full_document",
                 self.full_document in _FULL_DOCUMENT_MODES,
                 "None or a mode (default, updateLookup, whenAvailable, required)",
+            ),
+            (
+                "full_document_before_change",
+                self.full_document_before_change in (None, "off", "whenAvailable", "required"),
+                "None or a mode (off, whenAvailable, required)",
             ),
         ]
         for option, ok, rule in rules:
@@ -281,6 +290,12 @@ class ChangeStreamListener:
     # -- optional hooks ----------------------------------------------------------------------
     def on_start(self, ctx: ListenerContext) -> None:
         """Called when a tenure starts, before the stream opens."""
+
+    def stale_sink(self, ctx: ListenerContext) -> str | None:
+        """Called when a tenure resumes from a checkpoint, after :meth:`on_start`: why what the
+        sink holds must be rebuilt (an initial sync) before streaming on, or ``None``. A shaped
+        ``ElasticsearchSync`` whose rules changed answers so. Default: ``None``."""
+        return None
 
     def on_stop(self, ctx: ListenerContext, reason: StopReason) -> None:
         """Called when a tenure's stream has stopped (after the last checkpoint, if any)."""

@@ -185,7 +185,8 @@ class BulkStats:
         self._lock = threading.Lock()
 
     def errors_by_kind(self) -> dict[str, int]:
-        """What ``/metrics`` shows as ``singleton_sink_errors_total{kind}`` (see the README)."""
+        """What ``/metrics`` shows as ``singleton_sink_errors_total{kind}``
+        (docs/reference/metrics.md)."""
         with self._lock:
             return {"unavailable": self.unavailable, "rejected": self.rejected,
                     "item_retried": self.retried, "item_conflict": self.conflicts,

@@ -64,6 +64,17 @@ class InitialCopy:
     replay_batch: int
     #: Saved with every progress record (and found in the one loaded by :meth:`load`).
     progress_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: Only the documents that match it are copied (a shaped collection's ``filter``).
+    query: Mapping[str, Any] | None = None
+    #: ``watch(since)``: the change stream the catch-up replays (default: the collection's);
+    #: a shaped listener's covers every collection it reads.
+    watch: Callable[[Timestamp], Any] | None = None
+    #: Replay the events since the first attempt after the last document (a copy of several
+    #: collections does it once, after the last one).
+    catch_up: bool = True
+    #: Stages after the query and the ``_id`` sort (a shaped root's ``$lookup`` of its related
+    #: documents): the copy then reads an aggregation instead of a ``find``.
+    lookups: Sequence[Mapping[str, Any]] = ()
 
     def run(self, ctx: ListenerContext, coll: Any, writer: BulkWriter) -> int:
         """Copy what is left of ``coll``; returns the number of documents copied now."""
@@ -74,13 +85,22 @@ class InitialCopy:
             last_id = json_util.loads(progress["last_id"])
             # $expr compares across BSON types (a plain $gt only matches _ids of last_id's type).
             query = {"$expr": {"$gt": ["$_id", {"$literal": last_id}]}}
+        if self.query:
+            query = {"$and": [dict(self.query), query]} if query else dict(self.query)
         tracker = _Progress(
             self.name, ctx, progress, ts, coll.estimated_document_count(), self.progress_extra
         )
         version = copy_version(ts)
         session = writer.session(ctx.check, ctx.leadership.wait_lost)
         chunk, last = 0, None
-        cursor = coll.find(query, sort=[("_id", 1)], batch_size=min(self.batch_size, 10_000))
+        size = min(self.batch_size, 10_000)
+        cursor = (
+            coll.aggregate(
+                [{"$match": query}, {"$sort": {"_id": 1}}, *self.lookups], batchSize=size
+            )
+            if self.lookups
+            else coll.find(query, sort=[("_id", 1)], batch_size=size)
+        )
         try:
             for doc in cursor:
                 item = self.make_item(doc, version)
@@ -96,9 +116,15 @@ class InitialCopy:
         finally:
             cursor.close()
         tracker.settled(chunk, last, final=True)
-        start = Timestamp(*tracker.start_time)
-        self._catch_up(ctx, coll, start, mongo.cluster_time(ctx.client))
+        if self.catch_up:
+            start = Timestamp(*tracker.start_time)
+            self._catch_up(ctx, coll, start, mongo.cluster_time(ctx.client))
         return tracker.done_now
+
+    def catch_up_since(self, ctx: ListenerContext, since: Timestamp) -> bool:
+        """Replay the events since ``since`` up to now (what :meth:`run` does after its last
+        document); False if that history is lost."""
+        return self._catch_up(ctx, None, since, mongo.cluster_time(ctx.client))
 
     def _resume_point(self, ctx: ListenerContext, coll: Any, ts: Timestamp) -> dict[str, Any]:
         """The saved progress, once the events since the first attempt are replayed; empty
@@ -123,9 +149,16 @@ class InitialCopy:
         """Apply the collection's events in ``[since, until]``; False if that history is lost."""
         applied = 0
         try:
-            with coll.watch(
-                start_at_operation_time=since, full_document="updateLookup", max_await_time_ms=100
-            ) as stream:
+            opened = (
+                self.watch(since)
+                if self.watch is not None
+                else coll.watch(
+                    start_at_operation_time=since,
+                    full_document="updateLookup",
+                    max_await_time_ms=100,
+                )
+            )
+            with opened as stream:
                 batch: list[Any] = []
                 while True:
                     event = stream.try_next()

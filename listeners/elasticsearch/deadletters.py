@@ -39,6 +39,8 @@ def letter_record(letter: DeadLetter) -> dict[str, Any]:
         # A change event again: ``singleton dead-letters replay`` re-delivers it through
         # handle_batch, which looks the document up (no fullDocument) under this event's version.
         record["_id"] = token
+    if "collection" in item.origin:  # a shaped listener's: the event names its collection
+        record["ns"] = {"coll": item.origin["collection"]}
     return record | {
         "operationType": item.origin.get("op", item.op),
         "documentKey": {"_id": _bson_key(item)},

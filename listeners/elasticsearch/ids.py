@@ -25,7 +25,7 @@ Ids longer than :data:`MAX_ID_BYTES` cannot be indexed: :func:`doc_id` raises
 
 Changing this mapping changes the ids of documents already indexed: an index written by an
 older version (where ``1`` and ``"1"`` shared an id, other types used sorted-key JSON) must be
-rebuilt by a resync (see the README, "Upgrading").
+rebuilt by a resync (docs/how-to/upgrading.md).
 """
 
 from __future__ import annotations

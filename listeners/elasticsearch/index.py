@@ -98,6 +98,9 @@ class IndexKeeper:
         #: alias pointed to when found.
         self.watch = False
         self.watched: dict[str, frozenset[str]] = {}
+        #: ``_meta`` entries of the physical indexes created for an alias (a shaped index
+        #: names the shape that built it: :mod:`.shape.stream`).
+        self.meta: dict[str, Mapping[str, Any]] = {}
 
     # -- what the stream writes to -----------------------------------------------------------
     def ensure(self, name: str, ctx: ListenerContext) -> None:
@@ -166,8 +169,10 @@ class IndexKeeper:
         seconds = self.seconds(ctx)
         gc = f"{self.gc_deletes}s"
         body: dict[str, Any] = {"settings": {**self.settings, "index.gc_deletes": gc}}
-        if self.mappings:
-            body["mappings"] = self.mappings
+        if self.mappings or alias in self.meta:
+            body["mappings"] = dict(self.mappings)
+        if alias in self.meta:
+            body["mappings"]["_meta"] = {**body["mappings"].get("_meta", {}), **self.meta[alias]}
         if with_alias:
             body["aliases"] = {alias: {}}
         for n in range(100):

@@ -15,7 +15,8 @@ The price of copying in place: a document of that partition deleted while its hi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from listeners.stream.partition import Partition
@@ -51,3 +52,17 @@ def owner(part: Partition | None) -> Callable[[Any], bool]:
 def only(part: Partition | None, events: Sequence[ChangeEvent]) -> Sequence[ChangeEvent]:
     """This partition's events (all of them, unpartitioned)."""
     return events if part is None else [e for e in events if part.owns(e)]
+
+
+@dataclass(frozen=True)
+class SharedSources(Partition):
+    """A shaped listener's partition when it relates documents (:mod:`.shape.relate`): the
+    events of the related collections reach *every* partition, each rebuilding only its own
+    roots among those they touch (and indexing the related document only if it is its own)."""
+
+    sources: frozenset[str] = frozenset()
+
+    def owns(self, event: Mapping[str, Any]) -> bool:
+        if (event.get("ns") or {}).get("coll") in self.sources:
+            return True
+        return super().owns(event)

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -66,11 +66,16 @@ from listeners.elasticsearch.documents import (
 from listeners.elasticsearch.documents import index_name as make_index_name
 from listeners.elasticsearch.index import IndexKeeper
 from listeners.elasticsearch.items import ItemMaker
+from listeners.elasticsearch.shape import stream as shaped_stream
+from listeners.elasticsearch.shape.collections import Shape, parse_shape
+from listeners.elasticsearch.shape.copy import ShapedCopy
+from listeners.elasticsearch.shape.items import CollectionCounts, ShapedItems
+from listeners.elasticsearch.shape.relate import Joiner
 from listeners.elasticsearch.transport import Transport, describe, make_transport
 from listeners.elasticsearch.versioning import EventVersioner, first_seq_at
 from listeners.elasticsearch.window import BulkWindow
 from singleton.drivers import mongo
-from singleton.errors import ConfigurationError
+from singleton.errors import ConfigurationError, SinkLostError
 from singleton.retry import Backoff
 
 #: The origin of copied documents, for their dead-letter records.
@@ -107,6 +112,8 @@ class _Session:
     items: ItemMaker
     versioner: EventVersioner
     pipelined: bool
+    #: A shaped listener's item maker (``collections``), else ``None``.
+    shaped: ShapedItems | None = None
 
     def close(self) -> None:
         """Wait for the requests in flight (unacknowledged: the successor replays them), then
@@ -178,13 +185,16 @@ class ElasticsearchSync(ChangeStreamListener):
     split_large_events: bool = True
     #: A mirror can always be rebuilt: a lost checkpoint means a resync (see the docstring).
     on_history_lost = "resync"
+    #: Several collections, each with its own rules, instead of ``collection``: a shaped index
+    #: (:mod:`.shape.collections`; ``[listeners.collections.<name>]`` tables).
+    collections: Mapping[str, Any] | None = None
 
     extra_options: ClassVar[frozenset[str]] = (
         frozenset({"es", "api_key", "basic_auth", "ca_certs", "client_cert", "client_key"})
         | {"http_compress", "request_timeout", "index", "transform", "mappings", "settings"}
         | {"on_drop", "ttl", "gc_safety_factor", "dead_letters", "copy_batch_size"}
         | {"split_large_events", "sink_name", "window_bytes", "pipelined", "handover_wait"}
-        | {"adaptive_batch", "target_bulk_seconds"}
+        | {"adaptive_batch", "target_bulk_seconds", "collections"}
         | {f.name for f in dataclasses.fields(BulkLimits)}  # the bulk writer's options
     )
 
@@ -194,6 +204,8 @@ class ElasticsearchSync(ChangeStreamListener):
         #: What the bulk writers of every tenure did (items written, refused as older,
         #: retried, dead-lettered; the metrics read it).
         self.stats = BulkStats()
+        #: A shaped listener's events and dead letters per collection (the metrics' label).
+        self.by_collection = CollectionCounts()
         self._sizer = BatchSizer(
             self.batch_size,
             target=self.target_bulk_seconds,
@@ -206,8 +218,16 @@ class ElasticsearchSync(ChangeStreamListener):
     def _validate(self) -> None:
         super()._validate()
         cls = type(self).__name__
-        if not self.collection:
-            raise ConfigurationError(f"{cls} mirrors one collection: set collection")
+        if self.collections is not None and self.collection:
+            raise ConfigurationError(
+                f"{cls}: set collection (one collection, mirrored) or collections (several, "
+                f"shaped), not both; got collection={self.collection!r}"
+            )
+        if not self.collection and self.collections is None:
+            raise ConfigurationError(
+                f"{cls} needs collection (the one to mirror) or collections "
+                f"([listeners.collections.<name>] tables)"
+            )
         if self.es is None:
             raise ConfigurationError(f"{cls} needs es= (an Elasticsearch URL or client)")
         if self.on_drop not in ("delete_index", "keep"):
@@ -222,7 +242,21 @@ class ElasticsearchSync(ChangeStreamListener):
         self._check_numbers(cls)
         self._transform: Transform | None = resolve_transform(self.transform)
         self.transform = self._transform
-        self._index_name = make_index_name(self.index, str(self.database), str(self.collection))
+        self._shape: Shape | None = None
+        if self.collections is not None:
+            self._shape = parse_shape(
+                str(self.database),
+                self.collections,
+                default_index=self.index,
+                transform=self._transform,
+            )
+            self._user_pipeline = list(self.pipeline)
+            if self._shape.before_images and self.full_document_before_change is None:
+                self.full_document_before_change = "whenAvailable"
+            self._index_name = ",".join(sorted(self._shape.indexes))
+            self._pre_images_checked = False
+        else:
+            self._index_name = make_index_name(self.index, str(self.database), str(self.collection))
 
     def _check_numbers(self, cls: str) -> None:
         """Raise :class:`ConfigurationError` naming the first bad numeric option."""
@@ -258,12 +292,19 @@ class ElasticsearchSync(ChangeStreamListener):
 
     @property
     def index_name(self) -> str:
+        """The alias it writes to (a shaped listener's, comma-separated)."""
         return self._index_name
+
+    @property
+    def shape(self) -> Shape | None:
+        """The collections and their rules (``collections``), or ``None`` for a mirror."""
+        return self._shape
 
     def sink_identity(self) -> str:
         """``elasticsearch <nodes>/<index>``, e.g. ``elasticsearch http://es:9200/shop.orders``
         (addresses without credentials), or ``elasticsearch <sink_name>/<index>``."""
-        return f"elasticsearch {self.sink_name or describe(self.es)}/{self._index_name}"
+        where = self._index_name if self._shape is None else f"shaped:{self.name}"
+        return f"elasticsearch {self.sink_name or describe(self.es)}/{where}"
 
     # -- tenures ----------------------------------------------------------------------------
     def _open_session(self, ctx: ListenerContext, *, pipelined: bool) -> _Session:
@@ -281,11 +322,8 @@ class ElasticsearchSync(ChangeStreamListener):
             request_timeout=self.request_timeout,
             maxsize=self.concurrency + 2,  # the index calls need one besides the bulk requests
         )
-        dead = self._dead_letters(ctx)
+        on_dead = self._on_dead(ctx)
         limits = {f.name: getattr(self, f.name) for f in dataclasses.fields(BulkLimits)}
-
-        def on_dead(letters: list[DeadLetter]) -> None:
-            dead.put(letters, ctx)
 
         writer = BulkWriter(
             transport,
@@ -308,15 +346,16 @@ class ElasticsearchSync(ChangeStreamListener):
         writer.aliases = keeper.aliases  # one set: what the keeper found, the writer requires
         keeper.watch = self.partition is not None
         writer.watched = keeper.watched
+        window = BulkWindow(
+            writer, max_requests=self.concurrency, max_bytes=self.window_bytes, clock=ctx.clock
+        )
         self._session = _Session(
             ctx=ctx,
             transport=transport,
             owns_transport=owned,
             index=keeper,
             writer=writer,
-            window=BulkWindow(
-                writer, max_requests=self.concurrency, max_bytes=self.window_bytes, clock=ctx.clock
-            ),
+            window=window,
             items=ItemMaker(
                 self._transform,
                 on_dead,
@@ -325,8 +364,59 @@ class ElasticsearchSync(ChangeStreamListener):
             ),
             versioner=EventVersioner(lambda ts: first_seq_at(client, ts)),
             pipelined=pipelined,
+            shaped=self._shaped_items(ctx, transport, keeper, window, on_dead, writer.versioned),
         )
         return self._session
+
+    def _shaped_items(
+        self,
+        ctx: ListenerContext,
+        transport: Transport,
+        keeper: IndexKeeper,
+        window: BulkWindow,
+        on_dead: Any,
+        versioned: bool,
+    ) -> ShapedItems | None:
+        """A shaped listener's item maker (and its indexes named in their ``_meta``)."""
+        shape = self._shape
+        if shape is None:
+            return None
+        keeper.meta = {a: {shaped_stream.META_KEY: shape.digest(a)} for a in shape.indexes}
+        database = ctx.client[shape.database]
+        items = ShapedItems(
+            shape,
+            on_dead,
+            lambda name, key: database[name].find_one({"_id": key}),
+            shaped_stream.RouteFinder(transport, lambda: window.wait()),
+            versioned=versioned,
+            counts=self.by_collection,
+            joiner=Joiner(database) if shape.sources else None,
+            mine=partitioned.owner(self.partition),
+        )
+
+        def spill(pending: dict[str, BulkItem]) -> None:  # a fan-out's chunk, sent now
+            for name in sorted({item.index for item in pending.values()}):
+                keeper.ensure(name, ctx)
+            window.submit(
+                list(pending.values()), ctx.check, ctx.leadership.wait_lost, ctx.handing_over
+            )
+            pending.clear()
+
+        items.spill = spill
+        return items
+
+    def _on_dead(self, ctx: ListenerContext) -> Callable[[list[DeadLetter]], None]:
+        """Where the tenure's item rejections go (counted per collection when shaped)."""
+        dead = self._dead_letters(ctx)
+
+        def on_dead(letters: list[DeadLetter]) -> None:
+            for letter in letters:
+                name = letter.item.origin.get("collection")
+                if isinstance(name, str):
+                    self.by_collection.add(name, "dead_letters")
+            dead.put(letters, ctx)
+
+        return on_dead
 
     def _session_for(self, ctx: ListenerContext) -> _Session:
         """The session of the tenure ``ctx``; a caller that is no runner (it never called
@@ -352,6 +442,9 @@ class ElasticsearchSync(ChangeStreamListener):
 
     def on_start(self, ctx: ListenerContext) -> None:
         self._open_session(ctx, pipelined=self.pipelined)
+        if self._shape is not None:
+            self._start_shaped(ctx, self._shape)
+            return
         if self.split_large_events:
             stages = fragments.with_split(self.pipeline, self._collection(ctx), ctx.logger)
             self.split_large_events = stages is not None  # detected once per listener
@@ -359,6 +452,44 @@ class ElasticsearchSync(ChangeStreamListener):
         self.pipeline = fragments.without_unused(
             self.pipeline, document_id=self._transform is not None
         )
+
+    def _start_shaped(self, ctx: ListenerContext, shape: Shape) -> None:
+        """A shaped tenure's stream: its collections, the pre-images of the routed ones."""
+        if shape.before_images and not self._pre_images_checked:
+            database = ctx.client[shape.database]
+            shaped_stream.ensure_pre_images(database, shape.before_images, ctx.logger)
+            self._pre_images_checked = True
+        part = self.partition
+        if part is not None and shape.sources and not isinstance(part, partitioned.SharedSources):
+            # related documents' events reach every partition (see .partitioned.SharedSources)
+            self.partition = partitioned.SharedSources(
+                part.index, part.count, frozenset(shape.sources)
+            )
+        stages: list[Any] = shaped_stream.stream_pipeline(shape, self._user_pipeline)
+        if self.split_large_events:
+            first = ctx.client[shape.database][shape.names[0]]
+            split = fragments.with_split(stages, first, ctx.logger)
+            self.split_large_events = split is not None
+            stages = split or stages
+        self.pipeline = stages
+
+    def stale_sink(self, ctx: ListenerContext) -> str | None:
+        """Why a resumed tenure must rebuild the index first: a shaped index built by other
+        rules (its ``_meta`` names another shape, see :mod:`.shape.collections`)."""
+        shape, session = self._shape, self._session_for(ctx)
+        if shape is None or self.partition is not None:
+            return None
+        for alias in sorted(shape.indexes):
+            if not session.index.targets(alias):
+                continue  # gone: the first write tells (SinkLostError)
+            built = shaped_stream.built_by(session.transport, alias)
+            if built != shape.digest(alias):
+                return (
+                    f"index {alias} was built by {'another shape' if built else 'no shape'} "
+                    f"({built or 'no _meta'}; now {shape.digest(alias)}): the collections, "
+                    f"filters or field rules that feed it changed"
+                )
+        return None
 
     def on_stop(self, ctx: ListenerContext, reason: StopReason) -> None:
         self.close()  # what is still in flight is unacknowledged: the successor replays it
@@ -379,6 +510,8 @@ class ElasticsearchSync(ChangeStreamListener):
         acknowledged (:mod:`.window`); otherwise it returns once they all finished."""
         session = self._session_for(ctx)
         window = session.window
+        if session.shaped is not None:
+            return self._shaped_batch(session, events)
         if not session.pipelined:
             self._apply(session, events, self._index_name)
             window.acknowledged()  # drop the finished entries: they were waited for
@@ -449,6 +582,78 @@ class ElasticsearchSync(ChangeStreamListener):
         if self.on_drop == "delete_index":
             session.index.delete(name, session.ctx)
 
+    # -- a shaped listener ----------------------------------------------------------------
+    def _shaped_batch(self, session: _Session, events: Sequence[ChangeEvent]) -> int | None:
+        """:meth:`handle_batch` of a shaped listener (the same window, its own items)."""
+        window = session.window
+        if not session.pipelined:
+            self._apply_shaped(session, events, {})
+            window.acknowledged()
+            return None
+        window.open()
+        self._write_shaped(session, events, {})
+        window.close(len(events))
+        return window.acknowledged()
+
+    def _apply_shaped(
+        self, session: _Session, events: Sequence[ChangeEvent], targets: Mapping[str, str]
+    ) -> None:
+        """:meth:`_apply` of a shaped listener, into the physical ``targets`` of a copy."""
+        stop = session.ctx.handing_over
+        session.window.wait(stop=stop)
+        session.window.open()
+        self._write_shaped(session, events, targets)
+        session.window.wait(stop=stop)
+
+    def _write_shaped(
+        self, session: _Session, events: Sequence[ChangeEvent], targets: Mapping[str, str]
+    ) -> None:
+        """:meth:`_write` of a shaped listener: its items, each into its collection's alias
+        (or that alias's copy target)."""
+        ctx, window, shaped = session.ctx, session.window, session.shaped
+        assert shaped is not None
+        pending: dict[str, BulkItem] = {}
+        joined, at = events, 0
+        while True:
+            at = shaped.collect(joined, at, session.versioner, pending, targets)
+            if at >= len(joined):
+                break
+            if "splitEvent" in joined[at]:
+                joined = [*joined[:at], *fragments.join(joined[at:])]
+                continue
+            if pending:
+                self._ensure_targets(session, pending)
+                writes = session.writer.session(ctx.check, ctx.leadership.wait_lost)
+                writes.send(list(pending.values()))
+                pending.clear()
+            window.wait()
+            self._dropped_shaped(joined[at], session)
+            at += 1
+        if pending:
+            self._ensure_targets(session, pending)
+            window.submit(
+                list(pending.values()), ctx.check, ctx.leadership.wait_lost, ctx.handing_over
+            )
+
+    def _ensure_targets(self, session: _Session, pending: Mapping[str, BulkItem]) -> None:
+        for name in sorted({item.index for item in pending.values()}):
+            session.index.ensure(name, session.ctx)
+
+    def _dropped_shaped(self, event: ChangeEvent, session: _Session) -> None:
+        """A collection of the shape dropped or renamed away (or the database dropped): with
+        ``on_drop = "delete_index"`` its documents leave the index by a resync of every
+        collection (the index then equals what is left); ``keep`` keeps them."""
+        op, where = event.get("operationType"), event.get("ns") or {}
+        name = f"{self.database}.{where.get('coll') or '*'}"
+        session.ctx.logger.warning(
+            "elasticsearch: {} of {} seen; on_drop={} for {}", op, name, self.on_drop, self.name
+        )
+        if self.on_drop == "delete_index":
+            raise SinkLostError(
+                f"{op} of {name}: its documents leave index {self._index_name} by a resync "
+                f"(on_drop = delete_index)"
+            )
+
     # -- initial sync ---------------------------------------------------------------------------
     def initial_sync(self, ctx: ListenerContext) -> None:
         """Copy the collection into a fresh physical index (resumably, see :mod:`.copy`),
@@ -456,6 +661,21 @@ class ElasticsearchSync(ChangeStreamListener):
         drop the old index (see :mod:`.index`). Used for the first sync and every resync. A
         partition copies its own documents in place instead (:mod:`.partitioned`)."""
         session = self._session_for(ctx)
+        if session.shaped is not None:
+            assert self._shape is not None
+            ShapedCopy(
+                name=self.lease_name,
+                shape=self._shape,
+                items=session.shaped,
+                replay=lambda events, targets: self._apply_shaped(
+                    session, partitioned.only(self.partition, events), targets
+                ),
+                batch_size=self.copy_batch_size,
+                replay_batch=self.batch_size,
+                part=self.partition,
+                before_change=self.full_document_before_change,
+            ).run(ctx, session.index, session.writer)
+            return
         index, items, part, alias = session.index, session.items, self.partition, self._index_name
         saved = ctx.load_progress() or {}
         target = saved.get("target")

@@ -46,27 +46,32 @@ class Diff:
 
 def es_documents(es: Any, index: str, page: int = 1000) -> dict[str, Any]:
     """Every document of ``index`` as ``{_id: _source}`` (refreshes first; scroll API)."""
+    return {es_id: source for es_id, _routing, source in es_hits(es, index, page)}
+
+
+def es_hits(es: Any, index: str, page: int = 1000) -> list[tuple[str, str | None, Any]]:
+    """Every copy ``index`` holds, as ``(_id, _routing, _source)`` (refreshes first; scroll
+    API): one id may be held twice, under two routings (a shaped index, :mod:`.shape.verify`)."""
     transport, owned = make_transport(es)
     try:
         name = path_index(index)
         status, body = transport.request("POST", f"/{name}/_refresh")
         if status == 404:
-            return {}
+            return []
         query = json.dumps({"size": page, "query": {"match_all": {}}, "sort": ["_doc"]}).encode()
         status, body = transport.request("POST", f"/{name}/_search?scroll=2m", query)
-        docs: dict[str, Any] = {}
+        hits: list[tuple[str, str | None, Any]] = []
         while True:
             if status != 200 or not isinstance(body, dict):
                 raise SinkError(f"scrolling {index}: HTTP {status}")
-            hits = body["hits"]["hits"]
-            for hit in hits:
-                docs[hit["_id"]] = hit.get("_source")
+            page_hits = body["hits"]["hits"]
+            hits += [(h["_id"], h.get("_routing"), h.get("_source")) for h in page_hits]
             scroll_id = body.get("_scroll_id")
-            if not hits or not scroll_id:
+            if not page_hits or not scroll_id:
                 break
             req = json.dumps({"scroll": "2m", "scroll_id": scroll_id}).encode()
             status, body = transport.request("POST", "/_search/scroll", req)
-        return docs
+        return hits
     finally:
         if owned:
             transport.close()

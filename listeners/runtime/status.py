@@ -159,6 +159,13 @@ def sink_error_counts(listener: object) -> dict[str, int]:
     return {str(k): int(v) for k, v in by_kind().items()} if callable(by_kind) else {}
 
 
+def per_collection(listener: object) -> dict[str, dict[str, int]]:
+    """Events and dead letters per collection of a listener that counts them (a shaped
+    ElasticsearchSync's ``by_collection``), else ``{}``."""
+    snapshot = getattr(getattr(listener, "by_collection", None), "snapshot", None)
+    return snapshot() if callable(snapshot) else {}
+
+
 def sink_bytes(listener: object) -> int | None:
     """Bytes the listener sent to its sink (request bodies, retries included), when its
     ``stats`` counts them (``sent_bytes``: ElasticsearchSync's bulk writer); else ``None``."""

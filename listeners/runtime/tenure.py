@@ -244,6 +244,13 @@ class TenureWorker:
                 self.name,
                 self.ctx.token,
             )
+            stale = self._settings.listener.stale_sink(self.ctx)
+            if stale is not None and self._settings.listener.has_initial_sync():
+                self._board.count(sink_lost=1)
+                logger.warning(
+                    "resyncing: listener={} token={}: {}", self.name, self.ctx.token, stale
+                )
+                return self._sync("resync")
             return StartPosition.of(cp)
         gone = self._marker.disappeared(seen)
         if gone is not None:

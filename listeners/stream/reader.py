@@ -87,6 +87,8 @@ def watch(
         kwargs["start_at_operation_time"] = at_time
     if listener.full_document is not None:
         kwargs["full_document"] = listener.full_document
+    if listener.full_document_before_change is not None:
+        kwargs["full_document_before_change"] = listener.full_document_before_change
     return target.watch(
         list(listener.pipeline if pipeline is None else pipeline),
         max_await_time_ms=max(1, int(max_await_time * 1000)),

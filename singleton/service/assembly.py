@@ -61,10 +61,15 @@ def check_options(lc: ListenerConfig, cls: type[ChangeStreamListener]) -> None:
     for option, value in lc.options.items():
         check_option_urls(f"listener {lc.use!r}: {option}", value)
     if issubclass(cls, ElasticsearchSync):
-        template = lc.options.get("index", cls.index)
-        why = index_template_problem(template) if isinstance(template, str) else None
-        if why is not None:
-            raise ConfigurationError(f"listener {lc.use!r}: index {template!r} {why}")
+        templates = [("index", lc.options.get("index", cls.index))]
+        tables = lc.options.get("collections")
+        for name, table in tables.items() if isinstance(tables, dict) else ():
+            if isinstance(table, dict) and "index" in table:
+                templates.append((f"collections.{name}.index", table["index"]))
+        for key, template in templates:
+            why = index_template_problem(template) if isinstance(template, str) else None
+            if why is not None:
+                raise ConfigurationError(f"listener {lc.use!r}: {key} {template!r} {why}")
 
 
 #: What Elasticsearch refuses in an index name (its rules, as of 7.0 and since).

@@ -29,7 +29,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 
-from listeners.runtime.status import sink_bytes, sink_error_counts
+from listeners.runtime.status import per_collection, sink_bytes, sink_error_counts
 from singleton.errors import SingletonError
 from singleton.latency import LatencySnapshot
 
@@ -194,7 +194,46 @@ def _runner_families(hosted: list[Hosted], now: float) -> Iterator[Metric]:
         if behind is not None:
             lag.add_metric([h.name], behind)
     yield from (lag, batch, sink_errors, sent, dead)
+    yield from _collection_families(hosted, now)
     yield from _status_families("lease", runners)
+
+
+def _collection_families(hosted: list[Hosted], now: float) -> Iterator[Metric]:
+    """A shaped listener's events, dead letters and lag with a ``collection`` label."""
+    by_collection = {
+        kind: CounterMetricFamily(
+            f"singleton_collection_{kind}",
+            f"{what} per collection of a shaped ElasticsearchSync listener",
+            labels=["lease", "collection"],
+        )
+        for kind, what in (
+            ("events", "Change events handled"),
+            ("dead_letters", "Dead letters"),
+            ("rebuilds", "Roots rebuilt with their related documents (relate)"),
+        )
+    }
+    pending = GaugeMetricFamily(
+        "singleton_collection_pending_rebuilds",
+        "Roots of a collection queued for a rebuild because a related document changed (relate)",
+        labels=["lease", "collection"],
+    )
+    collection_lag = GaugeMetricFamily(
+        "singleton_collection_lag_seconds",
+        "singleton_lag_seconds for each collection of a shaped listener (one stream, one "
+        "position: the same value for all of them)",
+        labels=["lease", "collection"],
+    )
+    for h in hosted:
+        listener = getattr(h.runner, "listener", None)
+        counts_by_name = per_collection(listener)
+        behind = h.runner.status().lag_seconds(now) if counts_by_name else None
+        for name, counts in counts_by_name.items():
+            for kind, family in by_collection.items():
+                family.add_metric([h.name, name], counts.get(kind, 0))
+            if behind is not None:
+                collection_lag.add_metric([h.name, name], behind)
+            pending.add_metric([h.name, name], counts.get("pending_rebuilds", 0))
+    yield from (*by_collection.values(), collection_lag, pending)
 
 
 def _status_families(subject: str, statuses: Iterable[tuple[str, Any]]) -> list[Metric]:

@@ -19,11 +19,20 @@ So ``--repair`` needs no lease and cannot race the running leader into an older 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from listeners.elasticsearch import Diff, ElasticsearchSync, compare
 from listeners.elasticsearch.documents import doc_id, source_of
+from listeners.elasticsearch.shape.collections import Shape, write_version
+from listeners.elasticsearch.shape.items import lines as shaped_lines
+from listeners.elasticsearch.shape.verify import (
+    Expected,
+    ShapedDiff,
+    compare_alias,
+    expected_documents,
+)
 from listeners.elasticsearch.transport import Transport, make_transport, path_index
 from listeners.elasticsearch.versioning import timestamp_version
 from singleton.drivers import mongo
@@ -110,7 +119,10 @@ def verify(
             with mongo.translate(
                 f"verify {listener.lease_name}: MongoDB {redact(config.mongo_url)}"
             ):
-                reports.append(_verify_one(listener, client, repair, sample))
+                if listener.shape is not None:
+                    reports += _verify_shaped(listener, listener.shape, client, repair, sample)
+                else:
+                    reports.append(_verify_one(listener, client, repair, sample))
         return reports
     finally:
         client.close()
@@ -148,6 +160,63 @@ def _verify_one(
     finally:
         if owned:
             transport.close()
+
+
+def _verify_shaped(
+    listener: ElasticsearchSync, shape: Shape, client: Any, repair: bool, sample: int | None
+) -> list[Report]:
+    """One report per alias of a shaped listener: the index against the shaped view of every
+    collection that feeds it (filter, field rules, ids, routing); ``repair`` writes under the
+    same versions as for a mirror (``2 v + 1`` of ``T``, :mod:`..shape.collections`)."""
+    if sample is not None:
+        raise ConfigurationError(
+            f"--sample compares a mirror's documents; {listener.lease_name} is a shaped "
+            f"listener (collections): verify it whole (leave --sample out)"
+        )
+    transport, owned = make_transport(
+        listener.es,
+        api_key=listener.api_key,
+        ca_certs=listener.ca_certs,
+        request_timeout=listener.request_timeout,
+    )
+    try:
+        at = mongo.cluster_time(client)  # before the scan: see the module docstring
+        reports = []
+        for alias in sorted(shape.indexes):
+            view = expected_documents(client, shape, alias)
+            diff = compare_alias(client, transport, shape, alias, view)
+            report = Report(
+                listener.lease_name,
+                alias,
+                sorted(diff.missing),
+                sorted(diff.stale),
+                sorted(diff.extra),
+                diff.mongo_count,
+                diff.es_count,
+            )
+            if repair and not report.ok:
+                version = write_version(timestamp_version(at))
+                _repair_shaped(report, diff, view[0], transport, version)
+            reports.append(report)
+        return reports
+    finally:
+        if owned:
+            transport.close()
+
+
+def _repair_shaped(
+    report: Report, diff: ShapedDiff, expected: Mapping[str, Expected], transport: Any, version: int
+) -> None:
+    actions: list[bytes] = []
+    for key in sorted(set(diff.missing) | set(diff.stale)):
+        want = expected[key]
+        source = source_of(want.source)
+        assert source is not None  # (a shaped document that the view holds)
+        actions.append(shaped_lines("index", report.index, key, version, want.routing, source))
+    for key, routing in diff.extra_at:  # (under 2 T: on the shard of a repaired copy, it loses)
+        actions.append(shaped_lines("delete", report.index, key, version - 1, routing, None))
+    for start in range(0, len(actions), REPAIR_BATCH):
+        _bulk(report, transport, [a.rstrip(b"\n") for a in actions[start : start + REPAIR_BATCH]])
 
 
 def compare_sample(

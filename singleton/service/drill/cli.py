@@ -32,6 +32,18 @@ from singleton.service.drill.run import Drill, DrillOptions
 __all__ = ["Drill", "DrillOptions", "main"]
 
 
+SHAPED_HELP = (
+    "one shaped listener instead: orders (a filter, routing), legacy_orders (into the orders "
+    "index) and customers (field rules), written across collections"
+)
+
+
+RELATED_HELP = (
+    "--shaped, and each order embeds its customer and its lines (relate); lines are added, "
+    "moved between orders and deleted"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="singleton drill",
@@ -59,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="partitions = K for every listener: K leases and checkpoints each (default 1)",
     )
+    p.add_argument("--shaped", action="store_true", help=SHAPED_HELP)
+    p.add_argument("--related", action="store_true", help=RELATED_HELP)
     p.add_argument("--seed", type=int, default=1, help="the schedule is a function of the seed")
     p.add_argument("--rate", type=float, default=40.0, help="writer operations per second")
     p.add_argument("--ttl", type=float, default=2.5, help="lease ttl in seconds (default 2.5)")
@@ -111,6 +125,11 @@ def options_from(args: argparse.Namespace) -> DrillOptions:
         raise ConfigurationError(f"--rate must be > 0, got {args.rate}")
     if not 1 <= args.listeners <= 16:
         raise ConfigurationError(f"--listeners must be between 1 and 16, got {args.listeners}")
+    args.shaped = args.shaped or args.related
+    if args.shaped and args.listeners != 1:
+        raise ConfigurationError(
+            f"--shaped runs one shaped listener; leave --listeners out (got {args.listeners})"
+        )
     if not 1 <= args.partitions <= 16:
         raise ConfigurationError(f"--partitions must be between 1 and 16, got {args.partitions}")
     if args.oplog_entries < 0:
@@ -149,6 +168,8 @@ def options_from(args: argparse.Namespace) -> DrillOptions:
         oplog_max_entries=args.oplog_entries or None,
         listeners=args.listeners,
         partitions=args.partitions,
+        shaped=args.shaped,
+        related=args.related,
     )
 
 

@@ -35,6 +35,7 @@ from singleton.service.dev.cluster import (
     singleton_command,
 )
 from singleton.service.dev.embedded import ElasticServer, EmbeddedServer, MongoServer, RedisServer
+from singleton.service.drill import shaped
 from singleton.service.drill.jobs import RECORD_ENV as JOB_RECORD_ENV
 from singleton.service.drill.jobs import job_toml
 from singleton.service.drill.proxy import TcpProxy, host_port, via_proxy
@@ -121,6 +122,10 @@ class ClusterSpec:
     listeners: int = 1
     #: ``partitions`` of each listener
     partitions: int = 1
+    #: one shaped listener (:mod:`.shaped`) instead of mirrors of one collection
+    shaped: bool = False
+    #: and its orders embed their customer and lines (``--related``)
+    related: bool = False
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,8 @@ class DrillCluster:
         self.oplog_max_entries = spec.oplog_max_entries
         self.listeners = drill_listeners(spec.listeners, spec.partitions)
         self.partitions = spec.partitions
+        self.shaped = spec.shaped
+        self.related = spec.related
         #: the lease faults aim at: whoever holds it is "the leader"
         self.lease = self.listeners[0].leases[0]
         self.redis: PersistentRedis | None = None
@@ -229,6 +236,11 @@ cooldown = {t.cooldown}
 
     def _listener_tables(self) -> str:
         extra: dict[str, Any] = {"partitions": self.partitions} if self.partitions > 1 else {}
+        if self.shaped:
+            (li,) = self.listeners
+            return shaped.layout_toml(
+                li.name, DATABASE, shaped.INDEX_TEMPLATE, self.related, sink_name="drill", **extra
+            )
         return "\n".join(
             es_listener_toml(li.name, DATABASE, COLLECTION, li.index, sink_name="drill", **extra)
             for li in self.listeners

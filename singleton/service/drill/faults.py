@@ -59,7 +59,7 @@ SINK_KINDS = ("index-delete", "alias-delete", "index-close", "alias-split")
 #: sink faults that lose the index, asked for by name: with several partitions, one that writes
 #: nothing meanwhile does not notice another partition recreating it, and once in a 20-round
 #: drill on MongoDB leases a plain index still appeared in the alias's place (known gaps, see
-#: the README)
+#: docs/how-to/drill.md)
 LOST_INDEX_KINDS = ("index-delete", "alias-delete")
 #: faults after which events must reach the index within 3 x ttl + 5 s
 STORE_LOSS_KINDS = (

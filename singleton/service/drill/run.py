@@ -10,6 +10,7 @@ given; after a failing run it is always kept.
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import tempfile
 import threading
@@ -25,6 +26,7 @@ from loguru import logger
 from singleton.drivers.mongo import client as mongo_client
 from singleton.service.dev.cluster import Writer
 from singleton.service.drill import faults as fl
+from singleton.service.drill import shaped
 from singleton.service.drill.balance import (
     BalanceSample,
     BalanceSampler,
@@ -53,6 +55,8 @@ from singleton.service.drill.verdict import (
 from singleton.service.registry import make_backend
 
 SCHEMA_VERSION = 1
+#: The mirror drill's writer, or ``--shaped``'s.
+AnyWriter = Writer | shaped.ShapedWriter
 #: the per-listener document counts of the verdict, in split_extra's order
 MISMATCHES = ("missing", "stale", "resurrected", "extra")
 #: events the raw stream rate is measured over (the writer's last ones)
@@ -152,23 +156,20 @@ class Drill:
 
     # -- the run ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """Run the drill and return the result (see the README for its schema)."""
+        """Run the drill and return the result (its schema: docs/how-to/drill.md)."""
         try:
             return self._run()
         finally:
             self.cluster.stop()  # idempotent; covers a failure while starting
 
     def _run(self) -> dict[str, Any]:
-        opts = self.opts
         c = self.cluster
         self._save_schedule()
         self._announce()
         c.start_servers()
         client, _ = mongo_client(c.mongo_url, timeout=5.0, socket_timeout=30.0)
         coll = client[DATABASE][COLLECTION]
-        coll.insert_many(
-            [{"_id": i, "sku": f"seed-{i}", "qty": i % 7, "v": 0} for i in range(1, 201)]
-        )
+        self._seed(client)
         c.start_replicas()
         self.say(c.describe())
         assert c.config is not None
@@ -180,9 +181,7 @@ class Drill:
         ).start()
         balance = BalanceSampler(balance_backend, [*c.listener_leases, JOB], c.running).start()
         tail = AuditTail(c.audit_paths.values())
-        writer = Writer(
-            coll, rate=opts.rate, seed=opts.seed, client=client, txn_share=opts.txn_share
-        )
+        writer = self._writer(client)
         writer_thread = threading.Thread(target=writer.run, name="drill-writer", daemon=True)
         diffs: list[Any] = []
         raw: dict[str, Any] = {"events": 0, "seconds": None, "per_s": None}
@@ -211,6 +210,29 @@ class Drill:
         tail.poll()
         self.balance_samples = balance.samples
         return self._judge(diffs, writer, sampler, tail, end, raw)
+
+    def _seed(self, client: Any) -> None:
+        """The documents there before the replicas start."""
+        if self.opts.shaped:
+            shaped.seed(client[DATABASE], 200, random.Random(self.opts.seed), self.opts.related)
+            return
+        client[DATABASE][COLLECTION].insert_many(
+            [{"_id": i, "sku": f"seed-{i}", "qty": i % 7, "v": 0} for i in range(1, 201)]
+        )
+
+    def _writer(self, client: Any) -> AnyWriter:
+        opts = self.opts
+        if opts.shaped:
+            return shaped.ShapedWriter(
+                client,
+                DATABASE,
+                rate=opts.rate,
+                seed=opts.seed,
+                txn_share=opts.txn_share,
+                related=opts.related,
+            )
+        coll = client[DATABASE][COLLECTION]
+        return Writer(coll, rate=opts.rate, seed=opts.seed, client=client, txn_share=opts.txn_share)
 
     def _announce(self) -> None:
         opts = self.opts
@@ -262,7 +284,7 @@ class Drill:
             self.stalls.append(f"fault {fault.index} ({fault.describe()}{within}): {self.lagging}")
         return ok
 
-    def _quiesce(self, tail: AuditTail, writer: Writer) -> None:
+    def _quiesce(self, tail: AuditTail, writer: AnyWriter) -> None:
         """Wait until every listener indexed a batch at or after the writer's last write."""
         last_ct = max((ct for _, ct in writer.log if ct is not None), default=None)
 
@@ -288,7 +310,11 @@ class Drill:
         c = self.cluster
         diffs: list[Any] = []
         for _ in range(10):
-            diffs = [compare(coll, c.es_url, li.index) for li in c.listeners]
+            if self.opts.shaped:
+                db_client = coll.database.client
+                diffs = [shaped.compare(db_client, DATABASE, c.es_url, self.opts.related)]
+            else:
+                diffs = [compare(coll, c.es_url, li.index) for li in c.listeners]
             if all(d.ok for d in diffs):
                 break
             self.stop.wait(0.5)
@@ -297,7 +323,7 @@ class Drill:
     def _judge(
         self,
         diffs: list[Any],
-        writer: Writer,
+        writer: AnyWriter,
         sampler: Sampler,
         tail: AuditTail,
         end: float,
@@ -322,7 +348,7 @@ class Drill:
         return result
 
     def _count_documents(
-        self, v: Verdict, diffs: list[Any], writer: Writer
+        self, v: Verdict, diffs: list[Any], writer: AnyWriter
     ) -> list[dict[str, Any]]:
         """Each listener's mismatched ids into ``v`` (prefixed by the listener when there are
         several); returns the per-listener counts."""
@@ -347,7 +373,7 @@ class Drill:
         return per_listener
 
     def _check_leases(
-        self, v: Verdict, sampler: Sampler, tail: AuditTail, writer: Writer, end: float
+        self, v: Verdict, sampler: Sampler, tail: AuditTail, writer: AnyWriter, end: float
     ) -> None:
         """Checkpoint regressions, fencing violations, takeover gaps, expired handovers and the
         writer-to-index lag, into ``v``."""
@@ -376,12 +402,12 @@ class Drill:
         v: Verdict,
         jobs: dict[str, Any],
         per_listener: list[dict[str, Any]],
-        writer: Writer,
+        writer: AnyWriter,
         diffs: list[Any],
         end: float,
         raw: dict[str, Any],
     ) -> dict[str, Any]:
-        """The result printed by ``--json`` (its schema is in the README)."""
+        """The result printed by ``--json`` (its schema is in docs/how-to/drill.md)."""
         opts = self.opts
         return {
             "schema": SCHEMA_VERSION,
@@ -393,6 +419,8 @@ class Drill:
             "replicas": opts.replicas,
             "listeners": opts.listeners,
             "partitions": opts.partitions,
+            "shaped": opts.shaped,
+            "related": opts.related,
             "fencing": not opts.unsafe,
             "duration": round(end - self.t0, 2),
             "faults": len(self.injected),
@@ -433,7 +461,7 @@ class Drill:
         result: dict[str, Any],
         sampler: Sampler,
         tail: AuditTail,
-        writer: Writer,
+        writer: AnyWriter,
         end: float,
     ) -> dict[str, Any]:
         """Everything the report draws and a person replaying the run needs."""

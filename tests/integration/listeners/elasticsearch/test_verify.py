@@ -78,3 +78,81 @@ def test_verify_refuses_a_configuration_without_that_listener(
     config.write_text(f'mongo_url = "{mongo_url}"\n')
     assert main(["verify", "--config", str(config), "--listener", "nope"]) == 2
     assert "no elasticsearch listener named 'nope'" in capsys.readouterr().err
+
+
+def test_verify_compares_a_shaped_index_with_its_view_and_repairs_it(
+    mongo_url: str, es_url: str, unique: str, tmp_path: Path, capsys: Any
+) -> None:
+    """A shaped listener (``[listeners.collections.*]`` tables): filter, routing and field
+    rules are what the index is compared with; a copy under the wrong routing is stale there
+    and extra where it is; ``--repair`` fixes both."""
+    db = f"vs{unique}"
+    client: Any = pymongo.MongoClient(mongo_url)
+    client[db].orders.insert_many(
+        [
+            {"_id": 1, "status": "open", "customer_id": "c1"},
+            {"_id": 2, "status": "draft", "customer_id": "c1"},  # filtered out
+            {"_id": 3, "status": "open", "customer_id": "c2"},
+        ]
+    )
+    client[db].customers.insert_one({"_id": "c1", "name": "Ada", "secret": "x"})
+    es = connect(es_url)
+    try:
+
+        def put(index: str, es_id: str, source: dict[str, Any], routing: str | None) -> None:
+            where = f"&routing={routing}" if routing else ""
+            path = f"/{index}/_doc/{es_id}?version=1&version_type=external{where}"
+            status, body = es.request("PUT", path, json.dumps(source).encode())
+            assert status in (200, 201), body
+
+        orders, customers = f"{db}-orders", f"{db}-customers"
+        put(orders, doc_id(1), {"status": "open", "customer_id": "c1"}, "c1")  # equal
+        put(orders, doc_id(2), {"status": "draft", "customer_id": "c1"}, "c1")  # out of filter
+        put(orders, doc_id(3), {"status": "open", "customer_id": "c2"}, "c9")  # wrong routing
+        put(customers, "c1", {"name": "Ada", "secret": "x"}, None)  # field rule not applied
+        config = tmp_path / "singleton.toml"
+        config.write_text(
+            f'mongo_url = "{mongo_url}"\nes_url = "{es_url}"\n\n[[listeners]]\n'
+            f'use = "elasticsearch"\nname = "shop-search"\ndatabase = "{db}"\n'
+            f'index = "{db}-{{collection}}"\n\n'
+            "[listeners.collections.orders]\n"
+            'filter = { status = { "$ne" = "draft" } }\nrouting = "customer_id"\n\n'
+            '[listeners.collections.customers]\ninclude = ["name"]\n'
+        )
+        capsys.readouterr()
+        assert main(["verify", "--config", str(config), "--json"]) == 1
+        reports = {r["index"]: r for r in json.loads(capsys.readouterr().out)}
+        assert reports[orders]["stale"] == [doc_id(3)]
+        assert reports[orders]["extra"] == sorted([doc_id(2), doc_id(3)])
+        assert reports[orders]["documents"] == 2 and reports[orders]["indexed"] == 3
+        assert reports[customers]["stale"] == ["c1"]
+        assert main(["verify", "--config", str(config), "--repair", "--json"]) == 0  # all fixed
+        repaired = {
+            r["index"]: r["repaired"] + r["refused_as_newer"]
+            for r in json.loads(capsys.readouterr().out)
+        }
+        # (where both routings hash to one shard, the copy is one document: re-indexed under
+        # its routing, and the delete of the old copy, versioned below it, refused)
+        assert repaired == {orders: 3, customers: 1}
+        assert main(["verify", "--config", str(config)]) == 0
+        _, body = es.request("GET", f"/{orders}/_doc/{doc_id(3)}?routing=c2")
+        assert body["found"] and body["_source"] == {"status": "open", "customer_id": "c2"}
+        assert main(["verify", "--config", str(config), "--sample", "5"]) == 2
+        assert "shaped listener" in capsys.readouterr().err
+    finally:
+        es.close()
+        client.close()
+
+
+def test_an_unknown_key_of_a_collection_table_exits_2_naming_it(
+    mongo_url: str, es_url: str, tmp_path: Path, capsys: Any
+) -> None:
+    config = tmp_path / "singleton.toml"
+    config.write_text(
+        f'mongo_url = "{mongo_url}"\nes_url = "{es_url}"\n\n[[listeners]]\n'
+        'use = "elasticsearch"\nname = "s"\ndatabase = "shop"\n\n'
+        '[listeners.collections.orders]\nroutng = "customer_id"\n'
+    )
+    assert main(["verify", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key routng in collections.orders" in err and "routing" in err

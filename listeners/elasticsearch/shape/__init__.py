@@ -1,0 +1,2 @@
+"""A shaped index: which collections feed which indexes, and how each document is shaped
+(filter, field rules, routing)."""

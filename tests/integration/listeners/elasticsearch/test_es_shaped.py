@@ -1,0 +1,242 @@
+"""A shaped index (``collections``) on real servers: three collections into two indexes through
+one stream, a filter documents move in and out of, routing that changes, field rules, a
+planned handover, a changed filter that resyncs, and deletes found without pre-images."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+from urllib.parse import quote
+
+import pymongo
+import pytest
+
+from listeners.checkpoints.stores import MongoCheckpointStore
+from listeners.elasticsearch import ElasticsearchSync
+from listeners.elasticsearch.shape.verify import compare_shaped
+from listeners.elasticsearch.transport import connect
+from listeners.stream.partition import Partition
+from singleton.errors import ConfigurationError
+from singleton.service.dev.embedded import wait_until
+from singleton.service.drill import shaped
+from singleton.testing import MemoryLeaseBackend
+from tests.integration import es_support
+from tests.integration.listener_support import make_runner
+
+
+def _listener(db: str, es_url: str, layout: dict[str, Any] | None = None) -> ElasticsearchSync:
+    return ElasticsearchSync(
+        name=f"{db}-search",
+        database=db,
+        index=f"{db}-{{collection}}",
+        collections=layout or shaped.layout(f"{db}-orders"),
+        es=es_url,
+        ttl=1.0,
+    )
+
+
+def _caught_up(client: Any, db: str, listener: ElasticsearchSync, es_url: str) -> None:
+    """Write a marker order (new content each time) and wait until it is indexed: events
+    arrive in order, so everything before it is too."""
+    mark = uuid.uuid4().hex
+    client[db].orders.replace_one(
+        {"_id": "~end"}, {"status": "paid", "customer_id": "c1", "mark": mark}, upsert=True
+    )
+    assert listener.shape is not None
+    es_id = quote(listener.shape.collections["orders"].es_id("~end"), safe="")
+    http = connect(es_url)
+
+    def indexed() -> bool:
+        status, body = http.request("GET", f"/{db}-orders/_doc/{es_id}?routing=c1")
+        return status == 200 and body["_source"].get("mark") == mark
+
+    try:
+        wait_until(indexed, 120, interval=0.1, what="the marker order indexed")
+    finally:
+        http.close()
+
+
+def _assert_equal(client: Any, es_url: str, listener: ElasticsearchSync) -> None:
+    assert listener.shape is not None
+    diffs = compare_shaped(client, es_url, listener.shape)
+    assert all(d.ok for d in diffs.values()), {a: str(d) for a, d in diffs.items()}
+    assert all(d.mongo_count > 0 for d in diffs.values()), diffs
+
+
+def test_shaped_copy_stream_and_handover(mongo_url: str, es_url: str, unique: str) -> None:
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    db = f"sh{unique}"
+    rng = random.Random(7)
+    shaped.seed(client[db], 200, rng)
+    backend = MemoryLeaseBackend()
+    store = MongoCheckpointStore(client, database=db)
+    a_listener, b_listener = _listener(db, es_url), _listener(db, es_url)
+    a = make_runner(mongo_url, db, backend, a_listener, "a", store).start()
+    b = None
+    try:
+        wait_until(lambda: a.status()["state"] == "streaming", 120, what="A synced")
+        _caught_up(client, db, a_listener, es_url)
+        _assert_equal(client, es_url, a_listener)  # the copy: filter, ids, routing, fields
+        shaped.workload(client, db, 300, rng, ids=240)
+        b = make_runner(mongo_url, db, backend, b_listener, "b", store).start()
+        a.stop()  # planned handover in the middle
+        wait_until(lambda: b.status()["state"] == "streaming", 60, what="B streaming")
+        counts = shaped.workload(client, db, 300, rng, ids=240)
+        _caught_up(client, db, b_listener, es_url)
+        _assert_equal(client, es_url, b_listener)
+        by_collection = b_listener.by_collection.snapshot()  # the metrics' collection label
+        assert set(by_collection) == {"orders", "legacy_orders", "customers"}
+        assert all(c["events"] > 0 for c in by_collection.values()), by_collection
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+        a_listener.close()
+        b_listener.close()
+        client.close()
+    assert counts["reroute"] > 10 and counts["status"] > 10 and counts.get("txn", 0) > 5
+
+
+def test_ids_of_collections_sharing_an_index_differ(
+    mongo_url: str, es_url: str, unique: str
+) -> None:
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    db = f"ids{unique}"
+    client[db].orders.insert_one({"_id": 1, "status": "open", "customer_id": "c1"})
+    client[db].legacy_orders.insert_one({"_id": 1, "status": "old"})
+    listener = _listener(db, es_url)
+    ctx = es_support.Tenures(listener.lease_name).next(client)
+    try:
+        listener.on_start(ctx)
+        listener.initial_sync(ctx)
+        assert listener.shape is not None
+        diffs = compare_shaped(client, es_url, listener.shape)
+    finally:
+        listener.close()
+        client.close()
+    orders = diffs[f"{db}-orders"]
+    assert orders.ok and orders.mongo_count == 2, orders
+    assert listener.shape.source_of_id(f"{db}-orders", "legacy_orders$~i:1") == (
+        "legacy_orders",
+        1,
+    )
+
+
+def test_a_changed_filter_resyncs(mongo_url: str, es_url: str, unique: str) -> None:
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    db = f"flt{unique}"
+    rng = random.Random(3)
+    shaped.seed(client[db], 100, rng)
+    backend = MemoryLeaseBackend()
+    store = MongoCheckpointStore(client, database=db)
+    first = _listener(db, es_url)
+    runner = make_runner(mongo_url, db, backend, first, "a", store).start()
+    try:
+        wait_until(lambda: runner.status()["state"] == "streaming", 120, what="synced")
+        _caught_up(client, db, first, es_url)
+    finally:
+        runner.stop()
+        first.close()
+    layout = shaped.layout(f"{db}-orders")
+    layout["orders"]["filter"] = {"status": "paid"}
+    second = _listener(db, es_url, layout)
+    runner = make_runner(mongo_url, db, backend, second, "b", store).start()
+    try:
+        wait_until(lambda: runner.status()["state"] == "streaming", 120, what="resynced")
+        _caught_up(client, db, second, es_url)
+        _assert_equal(client, es_url, second)
+        assert runner.status()["sink_lost"] == 1
+    finally:
+        runner.stop()
+        second.close()
+        client.close()
+
+
+def test_routed_deletes_without_pre_images_ask_the_index(
+    mongo_url: str, es_url: str, unique: str
+) -> None:
+    """Pre-images turned off under the listener: deletes and moves find the old copy in the
+    index (a refresh and an ids search), and the index stays exact."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    db = f"nopre{unique}"
+    rng = random.Random(5)
+    shaped.seed(client[db], 60, rng)
+    listener = _listener(db, es_url)
+    backend = MemoryLeaseBackend()
+    runner = make_runner(mongo_url, db, backend, listener, "a").start()
+    try:
+        wait_until(lambda: runner.status()["state"] == "streaming", 120, what="synced")
+        client[db].command("collMod", "orders", changeStreamPreAndPostImages={"enabled": False})
+        for key in range(0, 60, 3):
+            client[db].orders.update_one(
+                {"_id": key}, {"$set": {"customer_id": f"c{rng.randrange(40)}"}}
+            )
+        for key in range(1, 60, 3):
+            client[db].orders.delete_one({"_id": key})
+        _caught_up(client, db, listener, es_url)
+        _assert_equal(client, es_url, listener)
+        session = listener._session
+        assert session is not None and session.shaped is not None
+        assert session.shaped.routes.asked > 0  # (the pre-image path would not ask)
+    finally:
+        runner.stop()
+        listener.close()
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        ({"orders": {"filters": {}}}, "unknown key filters in collections.orders"),
+        ({"orders": {"routing": ""}}, "collections.orders.routing"),
+        ({"orders": {"filter": {"a": {"$where": "1"}}}}, "$where"),
+        ({"orders": {"include": "name"}}, "include"),
+        ({"or$ders": {}}, "no collection name"),
+    ],
+)
+def test_bad_collection_tables_are_refused(
+    es_url: str, layout: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message.replace("$", r"\$")):
+        ElasticsearchSync(database="shop", collections=layout, es=es_url)
+
+
+def test_partitions_of_a_shaped_listener_share_its_indexes(
+    mongo_url: str, es_url: str, unique: str
+) -> None:
+    """``partitions = 2`` with three collections: each partition copies and streams the
+    documents of its own ids, of every collection, into the same aliases."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    db = f"part{unique}"
+    rng = random.Random(11)
+    shaped.seed(client[db], 120, rng)
+    backend = MemoryLeaseBackend()
+    store = MongoCheckpointStore(client, database=db)
+    listeners, runners = [], []
+    for p in range(2):
+        listener = _listener(db, es_url)
+        listener.partition = Partition(p, 2)
+        listeners.append(listener)
+        runners.append(make_runner(mongo_url, db, backend, listener, f"r{p}", store).start())
+    try:
+        for runner in runners:
+            wait_until(lambda r=runner: r.status()["state"] == "streaming", 120, what="synced")
+        shaped.workload(client, db, 200, rng, ids=150)
+        shape = listeners[0].shape
+        assert shape is not None
+
+        def equal() -> bool:
+            return all(d.ok for d in compare_shaped(client, es_url, shape).values())
+
+        wait_until(equal, 120, interval=0.5, what="both partitions caught up")
+        assert {lst.lease_name for lst in listeners} == {
+            f"{db}-search.0-of-2",
+            f"{db}-search.1-of-2",
+        }
+    finally:
+        for runner in runners:
+            runner.stop()
+        for listener in listeners:
+            listener.close()
+        client.close()
