@@ -160,3 +160,25 @@ def test_sentinel_failover_drill_passes(tmp_path: Path) -> None:
     assert result["fencing_violations"] == 0 and result["checkpoint_regressions"] == 0
     assert result["jobs"]["twice"] == 0 and result["jobs"]["shared_tokens"] == 0
     assert result["balance"]["unbalanced"] == 0, result["balance"]["by_fault"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_shaped_and_related_drill_passes(tmp_path: Path) -> None:
+    """``--related`` (``--shaped``, and each order embeds its customer and its lines): three
+    indexed collections into two indexes (a filter documents move in and out of, routing that
+    changes, field rules, transactions across collections) and lines added, moved between
+    orders and deleted, through SIGKILL, SIGSTOP 3 x ttl, SIGTERM and a lost checkpoint (a
+    resync in the middle): every index equals the shaped, joined view, document by document
+    (``_id``, ``_source``, ``_routing``)."""
+    faults = "kill,stop,term,checkpoint-loss"
+    code, result, log = drill(
+        tmp_path, "--related", "--rounds", "4", "--faults", faults, "--seed", "3", "--ttl", TTL
+    )
+    assert code == 0 and result["ok"], (result["failures"], log[-3000:])
+    assert result["shaped"] and result["related"] and result["faults"] == 4
+    assert all(result["faults_by_kind"][k] == 1 for k in faults.split(","))
+    (li,) = result["by_listener"]
+    assert (li["missing"], li["stale"], li["resurrected"], li["extra"]) == (0, 0, 0, 0), li
+    assert result["documents"]["mongo"] > 200 and result["writes"]["transactions"] > 0
+    assert result["checkpoint_regressions"] == 0 and result["fencing_violations"] == 0
