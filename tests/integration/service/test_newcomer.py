@@ -31,9 +31,10 @@ class Mine(ChangeStreamListener):
 
 
 def readme_recipe() -> list[list[str]]:
-    """The commands of the README's "Servers to try it on" block, as written (comments off)."""
+    """The commands of the README's quick start ("Quick start: servers to try it on"), as
+    written (comments off); docs/getting-started.md shows the same block."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Servers to try it on", 1)[1]
+    section = text.split("## Quick start: servers to try it on", 1)[1]
     block = section.split("```sh\n", 1)[1].split("```", 1)[0]
     lines = [line.split("  #", 1)[0].strip() for line in block.splitlines()]
     return [shlex.split(line) for line in lines if line.startswith("singleton ")]
