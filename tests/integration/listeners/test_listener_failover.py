@@ -149,6 +149,13 @@ def test_overrunning_drain_releases_and_the_successor_replays_the_tail(
         wait_state(a, "follower")
         tail = a_listener.keys()[handled_before:]
         expected = finish_writes(writer, since, a_listener, b_listener, at_least=160)
+        # B's own checkpoint, saved while it leads (not left to its drain at the end, which a
+        # loaded box may overrun: then it hands over without one, and rightly)
+        wait_until(
+            lambda: any(cp.fencing_token > a_token for cp in scene.store.accepted),
+            20,
+            what="a checkpoint of B's",
+        )
     assert tail, "A's hung batch was never handled"
     assert set(tail) <= set(b_listener.keys()), "the successor did not replay A's tail"
     assert not set(expected) - handled_by(a_listener, b_listener), "events missing"

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
 import pymongo
+import pytest
 
 from listeners.checkpoints.stores import MongoCheckpointStore
 from listeners.elasticsearch import ElasticsearchSync
@@ -18,7 +20,7 @@ from listeners.elasticsearch.shape import relate
 from listeners.elasticsearch.shape.verify import compare_shaped
 from listeners.elasticsearch.transport import connect
 from listeners.stream.partition import Partition
-from singleton.service.dev.embedded import wait_until
+from singleton.service.dev.embedded import MongoServer, wait_until
 from singleton.testing import MemoryLeaseBackend
 from tests.integration.listener_support import make_runner
 
@@ -49,6 +51,14 @@ def layout() -> dict[str, Any]:
         },
         "customers": {},
     }
+
+
+@pytest.fixture(scope="module")
+def mongo_server() -> Iterator[MongoServer]:
+    """A SecantusDB of this module's own: it scans its oplog to open a change stream, so the
+    thousands of writes here would slow down every other test sharing a server with them."""
+    with MongoServer() as server:
+        yield server
 
 
 def _listener(db: str, es_url: str) -> ElasticsearchSync:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -18,11 +19,19 @@ from listeners.elasticsearch.shape.verify import compare_shaped
 from listeners.elasticsearch.transport import connect
 from listeners.stream.partition import Partition
 from singleton.errors import ConfigurationError
-from singleton.service.dev.embedded import wait_until
+from singleton.service.dev.embedded import MongoServer, wait_until
 from singleton.service.drill import shaped
 from singleton.testing import MemoryLeaseBackend
 from tests.integration import es_support
 from tests.integration.listener_support import make_runner
+
+
+@pytest.fixture(scope="module")
+def mongo_server() -> Iterator[MongoServer]:
+    """A SecantusDB of this module's own: it scans its oplog to open a change stream, so the
+    thousands of writes here would slow down every other test sharing a server with them."""
+    with MongoServer() as server:
+        yield server
 
 
 def _listener(db: str, es_url: str, layout: dict[str, Any] | None = None) -> ElasticsearchSync:
