@@ -1,4 +1,6 @@
-"""ElasticsearchSync: mirror one MongoDB collection into one Elasticsearch index.
+"""ElasticsearchSync: mirror one MongoDB collection into one Elasticsearch index, or shape an
+index from several collections (``collections``: filters, field rules, routing, related documents
+embedded; :mod:`.shape`), exact through every failover either way.
 
 Failure model. Events may be delivered more than once (resumes, retried batches) and a deposed
 leader may still write for a while after its successor started. Every write therefore carries an

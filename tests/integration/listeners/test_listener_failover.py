@@ -112,6 +112,13 @@ def test_planned_release_replays_nothing(mongo_url: str, unique: str) -> None:
         wait_until(lambda: a.elector.is_leader, 10, what="A elected again")
         wait_until(lambda: len(listeners[0].keys()) >= 150, 20, what="A handles again")
         expected = finish_writes(writer, since, *listeners)
+        # each of the three tenures checkpointed while it led (A's second one too, not left
+        # to its drain at the end, which a loaded box may overrun)
+        wait_until(
+            lambda: len({cp.fencing_token for cp in scene.store.accepted}) >= 3,
+            20,
+            what="a checkpoint of each tenure",
+        )
     counts = Counter(listeners[0].keys() + listeners[1].keys())
     twice = [k for k, n in counts.items() if n > 1]
     assert not twice, f"{len(twice)} events handled twice across planned handovers"
