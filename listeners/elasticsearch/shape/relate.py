@@ -46,8 +46,8 @@ from typing import Any
 import bson
 
 from listeners.elasticsearch.shape.fields import FieldRules
-from listeners.elasticsearch.shape.filters import compare
 from listeners.elasticsearch.shape.paths import MISSING, check_path, get_path
+from listeners.elasticsearch.shape.values import compare
 from singleton.errors import ConfigurationError
 
 #: Roots rebuilt per chunk (and per bulk submission) of one fan-out.

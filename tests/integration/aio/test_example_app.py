@@ -11,6 +11,7 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
+from singleton.service.dev.embedded import wait_until
 from tests.integration.test_docs_examples import LOCAL_REDIS
 from tests.unit.test_docs import ROOT, blocks_of
 
@@ -30,11 +31,8 @@ def replica(redis_url: str) -> Any:
 
 
 def until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll the replicas' HTTP answers (there is nothing else to wait on), bounded."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
+    """The replicas' HTTP answers (there is nothing else to wait on), within ``timeout``."""
+    wait_until(predicate, timeout, what=what)
 
 
 def test_one_of_two_replicas_leads_and_hands_over_when_it_shuts_down(redis_url: str) -> None:
@@ -47,8 +45,9 @@ def test_one_of_two_replicas_leads_and_hands_over_when_it_shuts_down(redis_url: 
             return [bool(c.get("/readyz").json()["leader"]) for c in clients]
 
         until(lambda: any(leaders()), 10, "a leader")
-        time.sleep(0.3)  # a few renewals later, still exactly one
-        assert leaders().count(True) == 1
+        watched = time.monotonic() + 0.3  # a few renewals: exactly one at every look
+        while time.monotonic() < watched:
+            assert leaders().count(True) == 1
         assert [c.get("/readyz").status_code for c in clients] == [200, 200]
         leader, follower = clients if leaders()[0] else clients[::-1]
         stopped = time.monotonic()

@@ -17,7 +17,8 @@ from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.regex import Regex
 
-from listeners.elasticsearch.shape.filters import Filter, bson_type, compare
+from listeners.elasticsearch.shape.filters import Filter
+from listeners.elasticsearch.shape.values import bson_type, compare
 from singleton.errors import ConfigurationError
 
 
