@@ -31,6 +31,7 @@ from singleton.lease.redis import (
     POLL,
     RELEASE,
     RENEW,
+    TokenFloor,
     _ms,
     _text,
     check_options,
@@ -104,6 +105,7 @@ class AsyncRedisLeaseBackend(AsyncServerLeases):
         self._channel = f"{namespace}:released"
         self._publish_refused = False
         self._acquire = self._client.register_script(ACQUIRE)
+        self._floor = TokenFloor()
         self._renew = self._client.register_script(RENEW)
         self._release = self._client.register_script(RELEASE)
         self._inspect = self._client.register_script(INSPECT)
@@ -119,9 +121,11 @@ class AsyncRedisLeaseBackend(AsyncServerLeases):
         with self._translate("acquire", name):
             reply = await self._acquire(
                 keys=[lease_key(self.namespace, name), fence_key(self.namespace, name)],
-                args=[holder, _ms(ttl)],
+                args=[holder, _ms(ttl), self._floor.of(name)],
             )
-        return contended(name, holder, ttl, reply)
+        answer = contended(name, holder, ttl, reply)
+        self._floor.saw(name, answer.token)
+        return answer
 
     async def renew(self, lease: Lease, ttl: float | None = None) -> Lease | None:
         ttl = lease.ttl if ttl is None else ttl

@@ -61,17 +61,19 @@ from singleton.lease.server import ServerLeaseBackend
 from singleton.redact import redact
 
 # KEYS[1] lease key, KEYS[2] fencing counter key
-# ARGV[1] holder, ARGV[2] ttl in milliseconds
+# ARGV[1] holder, ARGV[2] ttl in ms, ARGV[3] the caller's highest token so far (TokenFloor)
 # Returns {1, token} when granted (a new token if the lease was free, the kept token if ARGV[1]
 # already held it, extended), else {0, token, holder, pttl_ms} of the live lease.
 ACQUIRE = """
 local current = redis.call('GET', KEYS[1])
 if not current then
-  -- max(counter + 1, now in ms): still growing after the counter itself was lost
+  -- max(counter + 1, now in ms, the caller's highest token + 1): still growing after the
+  -- counter itself was lost, also within the millisecond of the last grant
   local now = redis.call('TIME')
   local token = math.max(
     tonumber(redis.call('GET', KEYS[2]) or '0') + 1,
-    tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+    tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000),
+    tonumber(ARGV[3] or '0') + 1)
   local text = string.format('%d', token)
   redis.call('SET', KEYS[2], text)
   redis.call('SET', KEYS[1], text .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2])
@@ -228,6 +230,23 @@ def seconds_of(pttl: Any) -> float:
     return math.inf if ms < 0 else ms / 1000
 
 
+class TokenFloor:
+    """The highest token a backend has seen per lease: passed to :data:`ACQUIRE`, so that a
+    token granted after the store lost its keys exceeds it even within the same millisecond
+    (invariant 7: the clock alone would give an equal or, after several grants in one
+    millisecond, a smaller one)."""
+
+    def __init__(self) -> None:
+        self._highest: dict[str, int] = {}
+
+    def of(self, name: str) -> str:
+        return str(self._highest.get(name, 0))
+
+    def saw(self, name: str, token: int) -> None:
+        if token > self._highest.get(name, 0):
+            self._highest[name] = token
+
+
 def contended(name: str, holder: str, ttl: float, reply: Any) -> Lease | LeaseState:
     """The :data:`ACQUIRE` script's ``reply``: the lease granted, or the live one's state."""
     if int(reply[0]) == 1:
@@ -296,6 +315,7 @@ class RedisLeaseBackend(ServerLeaseBackend):
         #: A release's PUBLISH was refused once (said at WARNING, then no more).
         self._publish_refused = False
         self._acquire = self._client.register_script(ACQUIRE)
+        self._floor = TokenFloor()
         self._renew = self._client.register_script(RENEW)
         self._release = self._client.register_script(RELEASE)
         self._inspect = self._client.register_script(INSPECT)
@@ -313,9 +333,12 @@ class RedisLeaseBackend(ServerLeaseBackend):
         validate_lease_args(name, holder, ttl)
         with self._translate("acquire", name):
             reply = self._acquire(
-                keys=[self._key(name), self._fence(name)], args=[holder, _ms(ttl)]
+                keys=[self._key(name), self._fence(name)],
+                args=[holder, _ms(ttl), self._floor.of(name)],
             )
-        return contended(name, holder, ttl, reply)
+        answer = contended(name, holder, ttl, reply)
+        self._floor.saw(name, answer.token)
+        return answer
 
     def renew(self, lease: Lease, ttl: float | None = None) -> Lease | None:
         ttl = lease.ttl if ttl is None else ttl

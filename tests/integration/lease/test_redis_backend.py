@@ -4,6 +4,7 @@ a Redis restart, a black-holed leader, and a SIGSTOPped leader process."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import signal
@@ -364,3 +365,46 @@ def test_tokens_keep_growing_after_redis_loses_its_data(unique: str) -> None:
 def _answers(backend: RedisLeaseBackend) -> bool:
     backend.inspect("probe")
     return True
+
+
+@pytest.mark.parametrize("driver", ["thread", "async"])
+def test_a_token_after_losing_the_store_exceeds_one_granted_ahead_of_the_clock(
+    redis_url: str, driver: str
+) -> None:
+    """Invariant 7 within one millisecond: grants faster than the clock push the counter ahead
+    of it; the store then loses every key, and the next token must still be greater (the
+    clock alone gives a smaller one: the backend passes its highest token as the floor)."""
+    namespace = f"floor{os.getpid()}{driver}"
+    raw = redis.Redis.from_url(redis_url)
+    ahead = int(time.time() * 1000) + 60_000  # a minute of grants ahead of the clock
+    raw.set(f"{namespace}:fence:job", ahead)
+    try:
+        if driver == "thread":
+            backend = RedisLeaseBackend(redis_url, namespace=namespace)
+            first = backend.try_acquire("job", "a/1", 5)
+            assert first is not None and first.token == ahead + 1
+            backend.release(first)
+            raw.delete(*raw.keys(f"{namespace}:*"))  # the store loses everything
+            second = backend.try_acquire("job", "b/1", 5)
+            backend.close()
+        else:
+            from singleton.aio import AsyncRedisLeaseBackend
+
+            async def grants() -> tuple[Any, Any]:
+                backend = AsyncRedisLeaseBackend(redis_url, namespace=namespace)
+                try:
+                    first = await backend.try_acquire("job", "a/1", 5)
+                    assert first is not None
+                    await backend.release(first)
+                    raw.delete(*raw.keys(f"{namespace}:*"))
+                    return first, await backend.try_acquire("job", "b/1", 5)
+                finally:
+                    await backend.aclose()
+
+            first, second = asyncio.run(grants())
+        assert second is not None and second.token > first.token
+    finally:
+        keys = raw.keys(f"{namespace}:*")
+        if keys:
+            raw.delete(*keys)
+        raw.close()
