@@ -238,7 +238,11 @@ def test_partitions_of_a_shaped_listener_share_its_indexes(
         def equal() -> bool:
             return all(d.ok for d in compare_shaped(client, es_url, shape).values())
 
-        wait_until(equal, 120, interval=0.5, what="both partitions caught up")
+        try:
+            wait_until(equal, 120, interval=0.5, what="both partitions caught up")
+        except Exception:
+            diffs = compare_shaped(client, es_url, shape)
+            raise AssertionError({a: str(d) for a, d in diffs.items()}) from None
         assert {lst.lease_name for lst in listeners} == {
             f"{db}-search.0-of-2",
             f"{db}-search.1-of-2",
