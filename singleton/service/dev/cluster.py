@@ -137,8 +137,10 @@ class Writer:
         try:
             while not self.stop_event.is_set():
                 roll = rng.random()
+                txn = False
                 try:
                     if self.txn_share and rng.random() < self.txn_share and len(live) >= 20:
+                        txn = True
                         next_id = self._transaction(session, rng, live, next_id)
                     elif roll < 0.45 or len(live) < 20:
                         new_id = mixed_id(next_id)
@@ -161,14 +163,28 @@ class Writer:
                         self.deleted.append(target)
                         self.collection.delete_one({"_id": target}, session=session)
                     self.ops += 1
-                    self.log.append((time.monotonic(), _op_time(session)))
+                    self.log.append((time.monotonic(), op_time(session, txn)))
                 except Exception:  # refused or unknown outcome: not counted
                     self.failed += 1
                 next_at += 1.0 / self.rate
                 self.stop_event.wait(max(0.0, next_at - time.monotonic()))
+            self._last_plain(session, live)
         finally:
             if session is not None:
                 session.end_session()
+
+    def _last_plain(self, session: Any, live: list[Any]) -> None:
+        """One more update, outside a transaction: the log then ends with an exact cluster
+        time, the one a reader waits to see indexed (see :func:`op_time`)."""
+        if not live:
+            return
+        try:
+            self.collection.update_one({"_id": live[-1]}, {"$inc": {"v": 1}}, session=session)
+        except Exception:  # the store is down: the caller's wait for it times out and says so
+            self.failed += 1
+            return
+        self.ops += 1
+        self.log.append((time.monotonic(), op_time(session)))
 
     def _transaction(self, session: Any, rng: random.Random, live: list[Any], next_id: int) -> int:
         """One insert, one update and one delete, committed together (one cluster time)."""
@@ -208,6 +224,9 @@ def es_listener_toml(lease: str, database: str, collection: str, index: str, **e
     return "\n".join(lines) + "\n"
 
 
-def _op_time(session: Any) -> tuple[int, int] | None:
-    ts = None if session is None else session.operation_time
+def op_time(session: Any, txn: bool = False) -> tuple[int, int] | None:
+    """The cluster time of the session's last write as (t, i); ``None`` after a transaction
+    (``txn``): SecantusDB answers a commit with a cluster time after its events' (MongoDB
+    with theirs), and a reader waiting for an event at that time would wait for ever."""
+    ts = None if session is None or txn else session.operation_time
     return None if ts is None else (int(ts.time), int(ts.inc))

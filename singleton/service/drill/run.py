@@ -285,22 +285,33 @@ class Drill:
         return ok
 
     def _quiesce(self, tail: AuditTail, writer: AnyWriter) -> None:
-        """Wait until every listener indexed a batch at or after the writer's last write."""
+        """Wait until every lease of every listener saved a checkpoint at or after the writer's
+        last write: everything up to it acknowledged by the sink (a checkpoint is saved only
+        then). An acknowledged batch's last event is not enough: a partition may own none of
+        the last events, and an event's cluster time need not grow along the stream."""
         last_ct = max((ct for _, ct in writer.log if ct is not None), default=None)
+        reached: dict[str, tuple[int, int]] = {}  # each lease's newest checkpoint
+        read = 0
 
         def quiet() -> bool:
+            nonlocal read
             tail.poll()
+            records = tail.records[read:]  # (others poll too: read the list, not the news)
+            read += len(records)
+            for r in records:
+                lease, ct = r.get("lease"), r.get("ct")
+                if r.get("kind") == "checkpoint" and ct and isinstance(lease, str):
+                    reached[lease] = max(reached.get(lease, (0, 0)), tuple(ct))
             if last_ct is None:
                 return True
-            done = {
-                r.get("lease")
-                for r in tail.records[-400:]
-                if r["kind"] == "batch" and r.get("ct") and tuple(r["ct"]) >= last_ct
-            }
-            return all(done & set(li.leases) for li in self.cluster.listeners)
+            leases = [lease for li in self.cluster.listeners for lease in li.leases]
+            return all(reached.get(lease, (0, 0)) >= last_ct for lease in leases)
 
         if not self._await(quiet, self.opts.quiesce_timeout):
-            self.say("  the index did not catch up with the last write in time")
+            self.say(
+                f"  not every lease checkpointed the last write (cluster time {last_ct}) within"
+                f" {self.opts.quiesce_timeout:.0f}s; checkpoints at: {reached}"
+            )
 
     def _compare(self, coll: Any) -> list[Any]:
         """Each listener's index against the collection, retried a few times for the last

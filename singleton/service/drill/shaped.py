@@ -15,6 +15,7 @@ from typing import Any
 from listeners.elasticsearch.shape.collections import parse_shape
 from listeners.elasticsearch.shape.verify import compare_shaped
 from listeners.elasticsearch.verify import Diff
+from singleton.service.dev.cluster import op_time
 
 #: ``--related``: each order embeds its customer and its lines (:mod:`listeners.elasticsearch.
 #: shape.relate`); the lines are read by the stream, not indexed.
@@ -191,8 +192,9 @@ class ShapedWriter:
         next_at = time.monotonic()
         with self.client.start_session() as session:
             while not self.stop_event.is_set():
+                txn = bool(self.txn_share) and rng.random() < self.txn_share
                 try:
-                    if self.txn_share and rng.random() < self.txn_share:
+                    if txn:
                         with session.start_transaction():
                             changed = [
                                 one_write(db, rng, self.ids, session, self.related)[1]
@@ -202,15 +204,27 @@ class ShapedWriter:
                     else:
                         changed = [one_write(db, rng, self.ids, session, self.related)[1]]
                     self.ops += 1
-                    ts = session.operation_time
                     if any(changed):  # (a write that changed nothing has no event to wait for)
-                        self.log.append(
-                            (time.monotonic(), None if ts is None else (ts.time, ts.inc))
-                        )
+                        self.log.append((time.monotonic(), op_time(session, txn)))
                 except Exception:  # refused or unknown outcome: not counted
                     self.failed += 1
                 next_at += 1.0 / self.rate
                 self.stop_event.wait(max(0.0, next_at - time.monotonic()))
+            self._last_plain(db, rng, session)
+
+    def _last_plain(self, db: Any, rng: random.Random, session: Any) -> None:
+        """Plain writes until one changes something: the log ends with an exact cluster time
+        (as :class:`~singleton.service.dev.cluster.Writer` does)."""
+        for _ in range(50):
+            try:
+                changed = one_write(db, rng, self.ids, session, self.related)[1]
+            except Exception:  # the store is down: the caller's wait times out and says so
+                self.failed += 1
+                return
+            self.ops += 1
+            if changed:
+                self.log.append((time.monotonic(), op_time(session)))
+                return
 
 
 def layout_toml(name: str, database: str, index: str, related: bool, **extra: Any) -> str:

@@ -10,27 +10,54 @@ topology whose master is SIGKILLed and replaced, and the drill must still pass.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from singleton.service.dev.cluster import child_environment, singleton_command
 from singleton.service.drill.cluster import have_faketime
 from singleton.service.drill.faults import parse_kinds
-from tests.integration.cluster import run_singleton
 
 #: Alone on the machine, after the parallel part of `make test` (timing-sensitive).
 pytestmark = pytest.mark.serial
 
-ROUNDS = 20
+
+#: Each fault kind that applies once: `make drill` runs the long mixes (100 rounds).
+def rounds(backend: str, partitions: int) -> int:
+    return len(parse_kinds(None, backend, partitions=partitions))
+
+
 #: Short leases keep the suite fast; users' default is 2.5 s (`make drill`).
 TTL = "1.5"
 
 
 def drill(tmp_path: Path, *args: str, timeout: float = 200) -> tuple[int, dict[str, Any], str]:
-    proc = run_singleton("drill", "--json", *args, timeout=timeout, cwd=tmp_path)
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    return proc.returncode, json.loads(proc.stdout), proc.stderr
+    """``singleton drill --json ARGS`` as a user runs it. Past ``timeout`` it is interrupted
+    (Ctrl-C: it stops its cluster and judges what it saw) and the test fails with what it said;
+    a SIGKILL would leave its servers and replicas running and say nothing."""
+    proc = subprocess.Popen(
+        singleton_command("drill", "--json", *args),
+        cwd=tmp_path,
+        env=child_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"the drill ran past {timeout:.0f}s; it said:\n{err[-6000:]}")
+    assert out.strip(), err[-3000:]
+    return proc.returncode, json.loads(out), err
 
 
 @pytest.mark.slow
@@ -41,12 +68,13 @@ def test_short_drill_of_mixed_faults_passes(
 ) -> None:
     assert have_faketime(), "clock-jump needs Debian's faketime (make sysdeps)"
     report = tmp_path / "drill.html"
+    n = rounds(backend, partitions)
     code, result, log = drill(
         tmp_path,
         "--backend",
         backend,
         "--rounds",
-        str(ROUNDS),
+        str(n),
         "--seed",
         "7",
         "--ttl",
@@ -59,7 +87,7 @@ def test_short_drill_of_mixed_faults_passes(
         str(partitions),
     )
     assert code == 0 and result["ok"], (result["failures"], log[-3000:])
-    assert result["faults"] == ROUNDS
+    assert result["faults"] == n
     assert (result["listeners"], result["partitions"]) == (listeners, partitions)
     assert len(result["by_listener"]) == listeners
     for li in result["by_listener"]:  # every index equals the collection
@@ -68,7 +96,7 @@ def test_short_drill_of_mixed_faults_passes(
         assert li["es"] == result["documents"]["mongo"]
     # after every fault: every lease held, leases per live replica within one, in the bound
     balance = result["balance"]
-    assert balance["faults"] == ROUNDS and balance["unbalanced"] == 0, balance["by_fault"]
+    assert balance["faults"] == n and balance["unbalanced"] == 0, balance["by_fault"]
     assert all(b["ok"] and b["seconds"] <= balance["bound"] for b in balance["by_fault"])
     kinds = {k for k, n in result["faults_by_kind"].items() if n}
     # every kind that applies, the new ones too
