@@ -157,6 +157,11 @@ class ChangeStreamListener:
     #: the listener, the checkpoint) before it fails and resigns its lease; ``None``: the
     #: runner's ``failure_budget`` (60 s by default).
     failure_budget: float | None = None
+    #: Whether a dead letter keeps the document: ``False`` (the default) records the event
+    #: without ``fullDocument``, ``fullDocumentBeforeChange`` and ``updateDescription`` (a
+    #: sink's copy of the source too), so that ``singleton dead-letters list`` never shows what
+    #: the documents hold; a replay then delivers the current document, looked up by ``_id``.
+    dead_letter_source: bool = False
     #: Set by the service for ``partitions = K``: this instance handles one partition's events
     #: (:mod:`listeners.stream.partition`) under its own lease and checkpoint.
     partition: Partition | None = None
@@ -177,6 +182,7 @@ class ChangeStreamListener:
             "on_poison",
             "max_retries",
             "failure_budget",
+            "dead_letter_source",
         }
     )
 
@@ -205,6 +211,7 @@ class ChangeStreamListener:
             ),
             ("on_poison", self.on_poison in get_args(PoisonPolicy), "dead_letter or stop"),
             ("max_retries", _at_least(self.max_retries, 0, integer=True), "an integer >= 0"),
+            ("dead_letter_source", isinstance(self.dead_letter_source, bool), "true or false"),
             (
                 "failure_budget",
                 self.failure_budget is None

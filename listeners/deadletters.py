@@ -39,16 +39,52 @@ if TYPE_CHECKING:
     from listeners.base import ChangeEvent, ListenerContext
 
 
+#: What of a change event holds document values: left out of a dead letter unless the
+#: listener's ``dead_letter_source`` is set.
+SOURCE_FIELDS = ("fullDocument", "fullDocumentBeforeChange", "updateDescription")
+
+
+def without_source(event: ChangeEvent) -> dict[str, Any]:
+    """``event`` as a dead letter keeps it by default: its position, operation and key, none
+    of the document's values (:data:`SOURCE_FIELDS`)."""
+    return {k: v for k, v in event.items() if k not in SOURCE_FIELDS}
+
+
+def with_current_documents(
+    events: Sequence[ChangeEvent],
+    find: Callable[[str | None, str | None, Any], Mapping[str, Any] | None],
+    full_document: str | None,
+) -> list[ChangeEvent]:
+    """Dead letters recorded without their document (:func:`without_source`), as a replay
+    delivers them: an insert or replace, and an update when the listener asks for the full
+    document (``full_document``), carry the document as it is now (``None`` if it is gone),
+    looked up by ``find(database, collection, _id)`` - what ``updateLookup`` gives. A letter
+    that kept its document (its ``fullDocument`` key is there) is left as it was."""
+    wanted = {"insert", "replace"}
+    if full_document not in (None, "default"):
+        wanted.add("update")
+    out: list[ChangeEvent] = []
+    for event in events:
+        if "fullDocument" in event or event.get("operationType") not in wanted:
+            out.append(event)
+            continue
+        ns, key = event.get("ns") or {}, (event.get("documentKey") or {}).get("_id")
+        out.append({**event, "fullDocument": find(ns.get("db"), ns.get("coll"), key)})
+    return out
+
+
 class DeadLetterStore:
     """``dead_letters`` and ``gaps`` collections in one database (the service uses its
     ``namespace``; ``singleton`` by default).
 
     One dead letter per document and listener (``_id: {listener, key}``): a document that fails
     again updates its record (``attempts`` add up, ``last_seen`` moves, ``first_seen`` stays).
-    A record holds the change event as it was delivered, the reason, the sink's status code when
-    there is one, and the fencing token that wrote it. :meth:`request_replay` marks records; the
-    running leader re-delivers marked events through the listener's normal path (see
-    :class:`Replayer`), so a versioned sink can never be overwritten with something older.
+    A record holds the change event as it was delivered (by default without the document's
+    values: :func:`without_source`, the listener's ``dead_letter_source``), the reason, the
+    sink's status code when there is one, and the fencing token that wrote it.
+    :meth:`request_replay` marks records; the running leader re-delivers marked events through
+    the listener's normal path (see :class:`Replayer`), so a versioned sink can never be
+    overwritten with something older.
     """
 
     def __init__(
@@ -314,8 +350,10 @@ class PoisonHandler:
         backoff: float = 0.05,
         retries: Retries | None = None,
         reached: Callable[[ChangeEvent], None] | None = None,
+        keep_source: bool = False,
     ) -> None:
         self._handle, self._store, self._reached = handle, store, reached
+        self.keep_source = keep_source
         self.max_retries = max_retries
         self.policy = policy
         self._retries = retries or LocalRetries(Backoff(backoff, max(backoff, 2.0)))
@@ -375,7 +413,8 @@ class PoisonHandler:
             _event_id(suspect.event),
             suspect.error,
         )
-        self._store.put(suspect.event, suspect.error, suspect.tries, ctx)
+        event = suspect.event if self.keep_source else without_source(suspect.event)
+        self._store.put(event, suspect.error, suspect.tries, ctx)
         self.dead_lettered += 1
 
 

@@ -3,7 +3,8 @@ dead-letter store (:class:`listeners.deadletters.DeadLetterStore`, ``singleton.d
 that the stream never blocks on them. One record per item (a replayable change event without its
 document, when it came from the stream; copy rejections have no event to replay); the ``event``
 field holds what an operator needs to replay it once the mapping is fixed: index, ``_id``, version,
-source, reason.
+reason, and the document's source only with the listener's ``dead_letter_source = true`` (by
+default no dead letter holds what the documents hold).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def _bson_key(item: BulkItem) -> Any:
         return item.doc_id
 
 
-def letter_record(letter: DeadLetter) -> dict[str, Any]:
+def letter_record(letter: DeadLetter, keep_source: bool = False) -> dict[str, Any]:
+    """The dead-letter record of ``letter``; its ``source`` is ``None`` unless ``keep_source``."""
     item = letter.item
     record: dict[str, Any] = {}
     token = item.event_token()
@@ -52,17 +54,19 @@ def letter_record(letter: DeadLetter) -> dict[str, Any]:
         "doc_id": item.doc_id,
         "version": item.version,
         "status": letter.status,
-        "source": None if (source := item.source_json()) is None else source.decode(),
+        "source": (
+            None if not keep_source or (source := item.source_json()) is None else source.decode()
+        ),
     }
 
 
 class EsDeadLetters:
     """Adapts item-level dead letters to an event-level store (``DeadLetterStore``)."""
 
-    def __init__(self, store: DeadLetterSink) -> None:
-        self.store = store
+    def __init__(self, store: DeadLetterSink, keep_source: bool = False) -> None:
+        self.store, self.keep_source = store, keep_source
 
     def put(self, letters: Sequence[DeadLetter], ctx: ListenerContext) -> None:
         for letter in letters:
             error = ItemRejectedError(letter.reason, letter.status)
-            self.store.put(letter_record(letter), error, 1, ctx)
+            self.store.put(letter_record(letter, self.keep_source), error, 1, ctx)

@@ -433,7 +433,8 @@ class ElasticsearchSync(ChangeStreamListener):
         stores get one record per item)."""
         store = self.dead_letters
         if store is None or isinstance(store, DeadLetterStore):
-            return EsDeadLetters(store or ctx.dead_letters or DeadLetterStore(ctx.client))
+            sink = store or ctx.dead_letters or DeadLetterStore(ctx.client)
+            return EsDeadLetters(sink, keep_source=self.dead_letter_source)
         return store
 
     def close(self) -> None:

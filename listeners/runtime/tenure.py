@@ -46,6 +46,7 @@ from listeners.deadletters import (
     ListenerFailing,
     PoisonHandler,
     Replayer,
+    with_current_documents,
 )
 from listeners.runtime.audit import AuditLog, ts_pair
 from listeners.runtime.failures import DOING, DeliveryRetries, FailureStreak, Stage, UserErrors
@@ -422,11 +423,19 @@ class TenureWorker:
             policy=listener.on_poison,
             retries=self._retries,
             reached=reached,
+            keep_source=listener.dead_letter_source,
         )
 
     def _replay(self, events: list[ChangeEvent]) -> None:
         """Dead letters marked for replay: delivered like a batch, and durable before the
         replayer deletes their records. One that fails alone again goes back at once."""
+        listener, client = self._settings.listener, self.ctx.client
+
+        def find(database: str | None, collection: str | None, key: Any) -> Any:
+            db, coll = database or listener.database, collection or listener.collection
+            return None if db is None or coll is None else client[db][coll].find_one({"_id": key})
+
+        events = with_current_documents(events, find, listener.full_document)
         self._handler().deliver(events, self.ctx, replay=True)
         self._flush()
         self._policy.require_acknowledged()

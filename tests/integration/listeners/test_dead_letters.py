@@ -101,3 +101,73 @@ def test_a_record_that_is_no_change_event_is_kept_for_verify_repair(
     assert delivered == []  # nothing to re-deliver, and nothing deleted
     [kept] = list(store.dead_letters.find())
     assert "replay" not in kept and "verify --repair" in kept["note"]
+
+
+def test_a_dead_letter_holds_no_document_values_and_replays_the_current_document(
+    mongo_url: str, unique: str, tmp_path: Path, capsys: Any
+) -> None:
+    """By default (``dead_letter_source = false``) a dead letter keeps the event's position,
+    operation and key but none of the document's values (``fullDocument``,
+    ``updateDescription``): ``dead-letters list --json`` cannot show a card number. Its replay
+    delivers the document as it is now, looked up by ``_id``."""
+    scene = Scene.on(mongo_url, unique)
+    listener = scene.listener("s", max_retries=0)
+    broken = {"on": True}
+    listener.fail = lambda e: broken["on"] and e["documentKey"]["_id"] == 7
+    runner = scene.runner(listener).start()
+    config = _config(tmp_path, scene, "s")
+    name = listener.lease_name
+    letters = scene.coll("dead_letters")
+    try:
+        wait_state(runner, "streaming")
+        scene.coll("s").insert_one({"_id": 6, "card": "4111-0000"})
+        scene.coll("s").insert_one({"_id": 7, "card": "4111-1111"})
+        scene.coll("s").update_one({"_id": 7}, {"$set": {"card": "4111-2222"}})
+        scene.coll("s").insert_one({"_id": 8})  # handled right after: 7 is proven poison
+        wait_until(lambda: runner.status().dead_lettered >= 1, 10, what="dead-lettered")
+        [letter] = list(letters.find())
+        event = letter["event"]
+        assert event["documentKey"] == {"_id": 7} and "_id" in event and "ns" in event
+        assert not {"fullDocument", "updateDescription", "fullDocumentBeforeChange"} & set(event)
+
+        capsys.readouterr()
+        assert main(["dead-letters", "list", "--json", "--config", config, "--listener", name]) == 0
+        out = capsys.readouterr().out
+        assert "7" in out and "4111" not in out
+
+        scene.coll("s").update_one({"_id": 7}, {"$set": {"card": "4111-3333", "fixed": True}})
+        broken["on"] = False
+        before = len(listener.handled)
+        assert main(["dead-letters", "replay", "--config", config, "--listener", name]) == 0
+        wait_until(lambda: letters.count_documents({}) == 0, 20, what="replayed")
+        replayed = [
+            e
+            for _k, _t, e in listener.handled[before:]
+            if e["documentKey"]["_id"] == 7 and e["_id"] == event["_id"]
+        ]
+        assert replayed and replayed[0]["fullDocument"] == {
+            "_id": 7,
+            "card": "4111-3333",
+            "fixed": True,
+        }
+    finally:
+        runner.stop()
+
+
+def test_dead_letter_source_keeps_the_event_whole(
+    mongo_url: str, unique: str, tmp_path: Path
+) -> None:
+    scene = Scene.on(mongo_url, unique)
+    listener = scene.listener("k", max_retries=0, dead_letter_source=True)
+    listener.fail = lambda e: e["documentKey"]["_id"] == 7
+    runner = scene.runner(listener).start()
+    letters = scene.coll("dead_letters")
+    try:
+        wait_state(runner, "streaming")
+        scene.coll("k").insert_one({"_id": 7, "card": "4111-1111"})
+        scene.coll("k").insert_one({"_id": 8})
+        wait_until(lambda: runner.status().dead_lettered >= 1, 10, what="dead-lettered")
+        [letter] = list(letters.find())
+        assert letter["event"]["fullDocument"] == {"_id": 7, "card": "4111-1111"}
+    finally:
+        runner.stop()

@@ -245,7 +245,7 @@ def test_a_dead_letter_keeps_the_source_of_an_item_made_with_its_lines(value: An
     maker = ItemMaker(lambda d: {**d, "v": value}, lambda _d: None, lambda _key: None)
     item = maker.item({"_id": 1}, 1, 5, {"op": "insert"}, "i")
     assert item is not None and item.source is None
-    record = letter_record(DeadLetter(item, 400, "mapping"))
+    record = letter_record(DeadLetter(item, 400, "mapping"), keep_source=True)
     assert record["source"] == json.dumps({"v": str(value)}, separators=(",", ":"))
 
 
@@ -254,9 +254,12 @@ def test_a_dead_letter_of_a_stream_item_is_its_change_event_again() -> None:
     maker = ItemMaker(None, lambda _d: None, lambda _key: None)
     pending: dict[str, BulkItem] = {}
     maker.collect(events, 0, EventVersioner(), "i", pending)
-    records = [letter_record(DeadLetter(item, 400, "mapping")) for item in pending.values()]
+    letters = [DeadLetter(item, 400, "mapping") for item in pending.values()]
+    records = [letter_record(letter, keep_source=True) for letter in letters]
     assert [(r["_id"], r["operationType"], r["documentKey"]) for r in records] == [
         (events[0]["_id"], "update", {"_id": 5}),
         (events[1]["_id"], "insert", {"_id": "k"}),
     ]
     assert [r["source"] for r in records] == ['{"a":1}', '{"b":2}']
+    # by default (dead_letter_source = false) the same records hold none of the documents
+    assert [letter_record(letter)["source"] for letter in letters] == [None, None]
