@@ -304,6 +304,13 @@ class ChangeStreamListener:
         ``ElasticsearchSync`` whose rules changed answers so. Default: ``None``."""
         return None
 
+    def on_idle(self, ctx: ListenerContext) -> None:
+        """Called each time the stream has caught up, after what was delivered is acknowledged
+        and its position saved (as often as every ``getMore`` wait while nothing happens: keep
+        it cheap, or rate it by ``ctx.clock``). A sink may check here that its target is still
+        what it wrote to, and raise :class:`~singleton.errors.SinkLostError` if not (the tenure
+        then resyncs): ``ElasticsearchSync`` does, every ``target_check_interval`` seconds."""
+
     def on_stop(self, ctx: ListenerContext, reason: StopReason) -> None:
         """Called when a tenure's stream has stopped (after the last checkpoint, if any)."""
 

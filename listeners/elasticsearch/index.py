@@ -98,6 +98,9 @@ class IndexKeeper:
         #: alias pointed to when found.
         self.watch = False
         self.watched: dict[str, frozenset[str]] = {}
+        #: The ``index.uuid`` of each watched physical index: a name can come back (an index
+        #: deleted and created again within a second gets the same name), its uuid cannot.
+        self._uuids: dict[str, dict[str, str]] = {}
         #: ``_meta`` entries of the physical indexes created for an alias (a shaped index
         #: names the shape that built it: :mod:`.shape.stream`).
         self.meta: dict[str, Mapping[str, Any]] = {}
@@ -117,11 +120,11 @@ class IndexKeeper:
             self._watching(name, targets)
         elif self.exists(name):
             self._raise_gc_deletes(name, ctx)
-        elif ctx.resumed and name not in self._deleted:
+        elif (ctx.resumed or name in self.aliases) and name not in self._deleted:
             raise SinkLostError(
                 f"index {name} is gone (neither an alias nor an index of that name exists),"
-                " though this listener's checkpoint is past what it wrote there: deleted under"
-                " it? Only a copy makes it equal again"
+                " though this listener wrote there (this tenure, or the checkpoint it resumed"
+                " from): deleted under it? Only a copy makes it equal again"
             )
         else:
             self.fresh(name, ctx, with_alias=True)
@@ -140,6 +143,42 @@ class IndexKeeper:
         self.aliases.add(alias)
         if self.watch:
             self.watched[alias] = frozenset(targets)
+            self._uuids[alias] = self.uuids(alias)
+
+    def lost(self) -> str | None:
+        """Why what this tenure wrote is no longer behind its aliases, or ``None``: an alias
+        gone (its index deleted, or the alias removed), or, on a watching keeper, pointing to
+        other indexes than when found (another partition recreated a deleted index). An alias
+        this keeper deleted itself (``on_drop``) is not lost."""
+        for alias in sorted(self.aliases - self._deleted):
+            targets = frozenset(self.targets(alias))
+            if not targets:
+                return f"alias {alias} is gone (its index deleted, or the alias removed)"
+            watched = self.watched.get(alias)
+            if (
+                watched is not None
+                and alias in self._uuids
+                and self.uuids(alias) != self._uuids[alias]
+            ):
+                return (
+                    f"alias {alias} points to other indexes than when this tenure began (now"
+                    f" {', '.join(sorted(targets))}, then {', '.join(sorted(watched))}, by"
+                    " index.uuid): the index was replaced (deleted, and created again by"
+                    " another partition?)"
+                )
+        return None
+
+    def uuids(self, alias: str) -> dict[str, str]:
+        """``index.uuid`` of each physical index behind ``alias`` (none: no such alias)."""
+        status, resp = self._request("GET", alias, "/_settings/index.uuid")
+        if status == 404:
+            return {}
+        if status != 200 or not isinstance(resp, dict):
+            raise request_error(status, resp, f"cannot read the settings of {alias}")
+        return {
+            name: str(((info or {}).get("settings") or {}).get("index", {}).get("uuid"))
+            for name, info in resp.items()
+        }
 
     def forget(self, name: str) -> None:
         """Check ``name`` again before the next write (:meth:`ensure`)."""
@@ -219,6 +258,8 @@ class IndexKeeper:
         self._ready.discard(alias)
         self._deleted.discard(alias)
         self.watched.pop(alias, None)
+        self._uuids.pop(alias, None)
+        self.aliases.add(alias)  # (from now on a write through it requires it)
         for name in sorted(set(old) | set(self._leftovers(alias, target))):
             self.delete(name, ctx)
 

@@ -27,18 +27,31 @@ if TYPE_CHECKING:
     from listeners.elasticsearch.index import IndexKeeper
 
 
+#: Seconds a partition's copy waits for partition 0 to create a missing index before it
+#: fails (retried as a sink that is unavailable). A resync after the index was deleted meets
+#: this: partition 0 recreates it once its own writes or idle check find it gone.
+CREATE_WAIT = 30.0
+
+
 def live_index(index: IndexKeeper, alias: str, part: Partition, ctx: ListenerContext) -> str:
-    """The index a partition copies into: the alias, created (by partition 0) if missing. What
-    it points to now is what this partition's writes must land in from here on."""
+    """The index a partition copies into: the alias, created (by partition 0) if missing; the
+    other partitions wait up to :data:`CREATE_WAIT` seconds for it. What it points to now is
+    what this partition's writes must land in from here on."""
     index.forget(alias)
-    if not index.watch_alias(alias) and not index.exists(alias):
-        if part.index != 0:
+    deadline = ctx.clock.monotonic() + CREATE_WAIT
+    while not index.watch_alias(alias) and not index.exists(alias):
+        if part.index == 0:
+            index.fresh(alias, ctx, with_alias=True)
+            index.watch_alias(alias)
+            break
+        left = deadline - ctx.clock.monotonic()
+        if left <= 0:
             raise SinkUnavailableError(
                 f"index {alias} does not exist yet: partition {part.index} of {part.count} waits"
                 " for partition 0 to create it"
             )
-        index.fresh(alias, ctx, with_alias=True)
-        index.watch_alias(alias)
+        if ctx.leadership.wait_lost(min(0.25, left)):
+            ctx.check()
     return alias
 
 

@@ -170,6 +170,10 @@ class ElasticsearchSync(ChangeStreamListener):
     #: A planned handover waits at most this long for requests in flight (the successor
     #: replays what they carried): the lease moves in about this time even on a slow sink.
     handover_wait: float = 0.05
+    #: While the stream is idle, check this often (seconds) that the index is still behind
+    #: the alias (and, for a partition, the same one): a missing one is resynced (the writes
+    #: of a busy stream find out on their own, see ``require_alias``).
+    target_check_interval: float = 5.0
     backoff_base: float = 0.05
     backoff_max: float = 5.0
     #: Give up on a failing item after this long (the runner then retries the batch).
@@ -196,7 +200,7 @@ class ElasticsearchSync(ChangeStreamListener):
         | {"http_compress", "request_timeout", "index", "transform", "mappings", "settings"}
         | {"on_drop", "ttl", "gc_safety_factor", "dead_letters", "copy_batch_size"}
         | {"split_large_events", "sink_name", "window_bytes", "pipelined", "handover_wait"}
-        | {"adaptive_batch", "target_bulk_seconds", "collections"}
+        | {"adaptive_batch", "target_bulk_seconds", "collections", "target_check_interval"}
         | {f.name for f in dataclasses.fields(BulkLimits)}  # the bulk writer's options
     )
 
@@ -278,6 +282,11 @@ class ElasticsearchSync(ChangeStreamListener):
         wait = self.handover_wait
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < 1e9:
             raise ConfigurationError(f"{cls}.handover_wait must be a number >= 0, got {wait!r}")
+        every = self.target_check_interval
+        if isinstance(every, bool) or not isinstance(every, (int, float)) or not 0 < every < 1e9:
+            raise ConfigurationError(
+                f"{cls}.target_check_interval must be seconds > 0, got {every!r}"
+            )
         if self.gc_safety_factor < 1:
             raise ConfigurationError(
                 f"{cls}.gc_safety_factor must be >= 1, got {self.gc_safety_factor!r}"
@@ -523,6 +532,24 @@ class ElasticsearchSync(ChangeStreamListener):
         self._write(session, events, self._index_name)
         window.close(len(events))
         return window.acknowledged()
+
+    def on_idle(self, ctx: ListenerContext) -> None:
+        """Every ``target_check_interval`` seconds of an idle stream: raise
+        :class:`SinkLostError` (the tenure resyncs) if the index behind an alias this tenure
+        writes to is gone or, for a partition, was replaced (:meth:`.IndexKeeper.lost`)."""
+        session = self._session
+        if session is None or session.ctx is not ctx:
+            return
+        now = ctx.clock.monotonic()
+        if now < ctx.state.get("next_target_check", 0.0):
+            return
+        ctx.state["next_target_check"] = now + self.target_check_interval
+        names = [self._index_name] if self._shape is None else sorted(self._shape.indexes)
+        for name in names:  # (once per tenure: what a first write would check)
+            session.index.ensure(name, ctx)
+        why = session.index.lost()
+        if why is not None:
+            raise SinkLostError(f"{why}; found while the stream was idle")
 
     def flush(self, deadline: float | None, ctx: ListenerContext) -> int | None:
         """Wait for the window; with a ``deadline`` (a planned handover) at most

@@ -352,6 +352,7 @@ class TenureWorker:
         self._policy.caught_up(token)
         self._stage = "deliver"
         self._replayer.poll(self._replay)
+        self._settings.listener.on_idle(self.ctx)  # (a SinkLostError: the tenure resyncs)
 
     def _progressed(self, saved: Checkpoint | None) -> None:
         """After a step: a checkpoint saved ends a failure streak, whatever failed; the first

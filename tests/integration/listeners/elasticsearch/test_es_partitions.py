@@ -14,7 +14,7 @@ from urllib.parse import quote
 import pymongo
 import pytest
 
-from listeners.elasticsearch import ElasticsearchSync
+from listeners.elasticsearch import ElasticsearchSync, partitioned
 from listeners.elasticsearch.ids import doc_id
 from listeners.elasticsearch.transport import connect
 from listeners.elasticsearch.verify import compare, es_documents
@@ -122,8 +122,12 @@ def test_partitioned_sync_stays_exact_through_kills_and_rotations(
 
 
 def test_a_partition_copies_its_own_documents_in_place_and_never_swaps(
-    client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
+    client: pymongo.MongoClient[dict[str, Any]],
+    es_url: str,
+    docs: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(partitioned, "CREATE_WAIT", 0.5)  # (30 s by default)
     coll, db = docs, docs.database.name
     ids: list[Any] = [*range(120), *(f"k{i}" for i in range(80))]
     coll.insert_many([{"_id": i, "n": 1} for i in ids])

@@ -1,0 +1,117 @@
+"""An index deleted under a leader whose stream is idle (SecantusDB, osmem-server): no write
+finds out, so the idle stream checks its aliases (``target_check_interval``). A lone listener
+finds its alias gone and resyncs; of two partitions sharing an index, the one that writes
+recreates it and copies its share, and the idle one finds the index behind the alias replaced
+and copies its own share in place. Either way the index equals the collection again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pymongo
+
+from listeners.checkpoints.stores import MongoCheckpointStore
+from listeners.elasticsearch import ElasticsearchSync
+from listeners.elasticsearch.transport import connect
+from listeners.elasticsearch.verify import compare
+from listeners.runtime.runner import ListenerRunner
+from listeners.stream.partition import Partition, partition_of
+from singleton.service.dev.embedded import wait_until
+from singleton.testing import MemoryLeaseBackend
+from tests.integration.listener_support import make_runner
+
+
+def _sync(db: str, es_url: str, part: Partition | None = None) -> ElasticsearchSync:
+    listener = ElasticsearchSync(
+        database=db, collection="docs", es=es_url, ttl=1.0, target_check_interval=0.5
+    )
+    listener.partition = part
+    return listener
+
+
+def _delete_behind(es_url: str, alias: str) -> None:
+    """What an operator's ``DELETE /<physical index>`` does: the alias goes with it."""
+    http = connect(es_url)
+    try:
+        status, body = http.request("GET", f"/_alias/{alias}")
+        assert status == 200, body
+        for physical in body:
+            assert http.request("DELETE", f"/{physical}")[0] == 200
+        assert http.request("GET", f"/_alias/{alias}")[0] == 404
+    finally:
+        http.close()
+
+
+def _equal_within(coll: Any, es_url: str, alias: str, seconds: float) -> None:
+    def equal() -> bool:
+        try:
+            return compare(coll, es_url, alias).ok
+        except Exception:  # (the index is being recreated)
+            return False
+
+    try:
+        wait_until(equal, seconds, interval=0.25, what="the index equal to the collection")
+    except Exception:
+        raise AssertionError(str(compare(coll, es_url, alias))) from None
+
+
+def _run(
+    mongo_url: str, db: str, listeners: list[ElasticsearchSync], body: Callable[[], None]
+) -> list[ListenerRunner]:
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    store = MongoCheckpointStore(client, database=db)
+    backend = MemoryLeaseBackend()
+    runners = [
+        make_runner(mongo_url, db, backend, lst, f"r{n}", store).start()
+        for n, lst in enumerate(listeners)
+    ]
+    try:
+        for runner in runners:
+            wait_until(lambda r=runner: r.status()["state"] == "streaming", 60, what="streaming")
+        body()
+    finally:
+        for runner in runners:
+            runner.stop()
+        for lst in listeners:
+            lst.close()
+        client.close()
+    return runners
+
+
+def test_an_idle_leader_resyncs_an_index_deleted_under_it(
+    mongo_url: str, es_url: str, docs: Any
+) -> None:
+    coll, db = docs, docs.database.name
+    coll.insert_many([{"_id": i, "n": i} for i in range(300)])
+    listener = _sync(db, es_url)
+    alias = listener.index_name
+
+    def body() -> None:
+        _equal_within(coll, es_url, alias, 60)
+        _delete_behind(es_url, alias)  # no write follows: only the idle check can see it
+        _equal_within(coll, es_url, alias, 60)
+
+    [runner] = _run(mongo_url, db, [listener], body)
+    assert runner.status()["sink_lost"] == 1
+
+
+def test_an_idle_partition_copies_its_share_again_when_another_recreated_the_index(
+    mongo_url: str, es_url: str, docs: Any
+) -> None:
+    coll, db = docs, docs.database.name
+    ids = list(range(400))
+    coll.insert_many([{"_id": i, "n": i} for i in ids])
+    listeners = [_sync(db, es_url, Partition(p, 2)) for p in range(2)]
+    alias = listeners[0].index_name
+    of_0 = next(f"w{n}" for n in range(1000) if partition_of(f"w{n}", 2) == 0)
+
+    def body() -> None:
+        _equal_within(coll, es_url, alias, 60)
+        assert {partition_of(i, 2) for i in ids} == {0, 1}
+        _delete_behind(es_url, alias)
+        coll.insert_one({"_id": of_0, "n": -1})  # partition 0 writes, finds out, recreates
+        _equal_within(coll, es_url, alias, 90)  # and partition 1, idle, copies its share
+
+    runners = _run(mongo_url, db, listeners, body)
+    assert [r.status()["sink_lost"] for r in runners] == [1, 1]
