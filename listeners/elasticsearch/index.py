@@ -147,22 +147,19 @@ class IndexKeeper:
 
     def lost(self) -> str | None:
         """Why what this tenure wrote is no longer behind its aliases, or ``None``: an alias
-        gone (its index deleted, or the alias removed), or, on a watching keeper, pointing to
-        other indexes than when found (another partition recreated a deleted index). An alias
-        this keeper deleted itself (``on_drop``) is not lost."""
+        gone (its index deleted, or the alias removed; a plain index of that name, which a
+        write elsewhere auto-created, is no alias either), or, on a watching keeper, pointing
+        to other indexes than when found (another partition recreated a deleted index). An
+        alias this keeper deleted itself (``on_drop``) is not lost. One request per alias."""
         for alias in sorted(self.aliases - self._deleted):
-            targets = frozenset(self.targets(alias))
-            if not targets:
+            now = self.uuids(alias)
+            if not now or alias in now:
                 return f"alias {alias} is gone (its index deleted, or the alias removed)"
-            watched = self.watched.get(alias)
-            if (
-                watched is not None
-                and alias in self._uuids
-                and self.uuids(alias) != self._uuids[alias]
-            ):
+            then = self._uuids.get(alias)
+            if then is not None and now != then:
                 return (
                     f"alias {alias} points to other indexes than when this tenure began (now"
-                    f" {', '.join(sorted(targets))}, then {', '.join(sorted(watched))}, by"
+                    f" {', '.join(sorted(now))}, then {', '.join(sorted(then))}, by"
                     " index.uuid): the index was replaced (deleted, and created again by"
                     " another partition?)"
                 )
