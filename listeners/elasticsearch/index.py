@@ -117,7 +117,7 @@ class IndexKeeper:
         if targets:
             for target in targets:
                 self._raise_gc_deletes(target, ctx)
-            self._watching(name, targets)
+            self._watching(name, targets, again=False)
         elif self.exists(name):
             self._raise_gc_deletes(name, ctx)
         elif (ctx.resumed or name in self.aliases) and name not in self._deleted:
@@ -139,9 +139,12 @@ class IndexKeeper:
             self._watching(alias, targets)
         return bool(targets)
 
-    def _watching(self, alias: str, targets: list[str]) -> None:
+    def _watching(self, alias: str, targets: list[str], again: bool = True) -> None:
+        """Writes through ``alias`` require it; a watching keeper remembers what it points to
+        (``again=False``: unless already known this tenure - what a partition's copy found
+        stays the reference, or a replacement after it would go unnoticed)."""
         self.aliases.add(alias)
-        if self.watch:
+        if self.watch and (again or alias not in self.watched):
             self.watched[alias] = frozenset(targets)
             self._uuids[alias] = self.uuids(alias)
 
