@@ -38,6 +38,9 @@ HistoryLostPolicy = Literal["fail", "resync", "resume_from_now"]
 PoisonPolicy = Literal["dead_letter", "stop"]
 StopReason = Literal["released", "expired", "lost", "stopped", "error"]
 _FULL_DOCUMENT_MODES = (None, "default", "updateLookup", "whenAvailable", "required")
+#: The key of the progress record under which the runner marks a resync in progress; a
+#: listener never sees it (:meth:`ListenerContext.load_progress` leaves it out).
+RESYNC_MARK = "singleton_resync"
 
 
 class ProgressStore(Protocol):
@@ -87,6 +90,8 @@ class ListenerContext:
     #: wrote before is expected to be there (a sink that finds its target gone raises
     #: :class:`~singleton.errors.SinkLostError`, and the tenure resyncs).
     resumed: bool = False
+    #: Why a resync of this tenure runs, while it runs (:meth:`begin_resync`).
+    resyncing: str | None = None
 
     @property
     def token(self) -> int:
@@ -108,13 +113,42 @@ class ListenerContext:
         return self.draining is not None and self.draining.is_set()
 
     def load_progress(self) -> dict[str, Any] | None:
-        return None if self.progress is None else self.progress.load_progress(self.listener_name)
+        """The listener's progress last saved by :meth:`save_progress`, or ``None``."""
+        data = {k: v for k, v in (self._stored_progress() or {}).items() if k != RESYNC_MARK}
+        return data or None
 
     def save_progress(self, data: Mapping[str, Any] | None) -> None:
         """Save listener progress, fenced by this tenure's token (checked first)."""
         self.check()
-        if self.progress is not None:
-            self.progress.save_progress(self.listener_name, data, self.leadership)
+        if self.progress is None:
+            return
+        record = dict(data or {})
+        if self.resyncing is not None:  # the runner's mark stays beside it (see below)
+            record[RESYNC_MARK] = self.resyncing
+        self.progress.save_progress(self.listener_name, record or None, self.leadership)
+
+    # -- the runner's durable mark of a resync in progress ----------------------------------
+    def unfinished_resync(self) -> str | None:
+        """Why an earlier tenure began a resync that did not finish (its copy is the only
+        repair of what the sink lost, and no checkpoint says so), or ``None``."""
+        mark = (self._stored_progress() or {}).get(RESYNC_MARK)
+        return None if mark is None else str(mark)
+
+    def begin_resync(self, why: str) -> None:
+        """Record, fenced and before the copy starts, that a resync is needed (``why``): a
+        successor whose tenure starts before :meth:`end_resync` resyncs too."""
+        self.resyncing = why
+        self.save_progress(self.load_progress())
+
+    def end_resync(self) -> None:
+        """The resync finished and its position is saved: clear the mark."""
+        if self.resyncing is None:
+            return
+        self.resyncing = None
+        self.save_progress(self.load_progress())
+
+    def _stored_progress(self) -> dict[str, Any] | None:
+        return None if self.progress is None else self.progress.load_progress(self.listener_name)
 
 
 class ChangeStreamListener:

@@ -245,13 +245,20 @@ class TenureWorker:
                 self.name,
                 self.ctx.token,
             )
-            stale = self._settings.listener.stale_sink(self.ctx)
+            with self._bounded():
+                pending = self.ctx.unfinished_resync()
+            stale = pending or self._settings.listener.stale_sink(self.ctx)
             if stale is not None and self._settings.listener.has_initial_sync():
                 self._board.count(sink_lost=1)
                 logger.warning(
-                    "resyncing: listener={} token={}: {}", self.name, self.ctx.token, stale
+                    "resyncing: listener={} token={}: {}",
+                    self.name,
+                    self.ctx.token,
+                    stale
+                    if pending is None
+                    else f"an earlier tenure's resync did not finish ({pending})",
                 )
-                return self._sync("resync")
+                return self._sync("resync", stale)
             return StartPosition.of(cp)
         gone = self._marker.disappeared(seen)
         if gone is not None:
@@ -478,15 +485,25 @@ class TenureWorker:
         self._policy.save(event["_id"], event_time(event), start_after=True)
         return StartPosition(start_after=event["_id"])
 
-    def _sync(self, why: str) -> StartPosition:
-        """Take the cluster time first, copy, checkpoint that time, then stream from it."""
+    def _sync(self, why: str, because: str | None = None) -> StartPosition:
+        """Take the cluster time first, copy, checkpoint that time, then stream from it. A
+        resync (``because``: what the sink lost) is marked next to the checkpoint first, fenced,
+        and the mark cleared only after that checkpoint: a tenure that ends mid-copy leaves the
+        mark, and its successor - which would otherwise resume from the old checkpoint, into a
+        sink that may no longer show what it lost - resyncs (resuming the copy) instead."""
         at = self._cluster_time()
         self._board.seen(at)  # a lag sample while the copy runs (it counts from its start)
         logger.info("{} starting: listener={} token={} from={}", why, self.name, self.ctx.token, at)
         self._board.set(state="syncing")
         self.ctx.check()
+        if because is not None:
+            with self._bounded():
+                self.ctx.begin_resync(because)
         self._settings.listener.initial_sync(self.ctx)
         self._policy.save(None, at)
+        if because is not None:
+            with self._bounded():
+                self.ctx.end_resync()
         logger.info("{} done: listener={} token={}", why, self.name, self.ctx.token)
         return StartPosition(at_time=at)
 
@@ -536,7 +553,7 @@ class TenureWorker:
             self.ctx.token,
             exc,
         )
-        return self._sync("resync")
+        return self._sync("resync", str(exc))
 
     def _history_lost(
         self, what: str, since: Timestamp | None, exc: BaseException | None = None
@@ -551,7 +568,7 @@ class TenureWorker:
             raise HistoryLostError(f"listener {self.name!r}: {what} (policy {policy!r})") from exc
         logger.error("{}: listener={} token={} policy={}", what, self.name, self.ctx.token, policy)
         if policy == "resync":
-            return self._sync("resync")
+            return self._sync("resync", what)
         now = self._cluster_time()
         with self._bounded():
             self._settings.dead_letters.record_gap(self.ctx, since, now, what)

@@ -5,13 +5,13 @@ same way settle into a visible steady state with growing cooldowns (no tight loo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 
-from listeners.base import ListenerContext
-from singleton.errors import BackendUnavailableError
+from listeners.base import ChangeEvent, ListenerContext
+from singleton.errors import BackendUnavailableError, SinkLostError
 from singleton.service.dev.embedded import wait_until
 from tests.integration.listener_support import (
     LogCapture,
@@ -45,6 +45,30 @@ class CopyUnavailable(Recorder):
         if not self.healthy:
             raise BackendUnavailableError("sink unreachable (connection refused)")
         self.syncs += 1
+
+
+class LosesItsSinkOnce(Recorder):
+    """A sink that says, once, that it lost what it held (at the event of ``_id`` "gone"), and
+    whose resync copy then fails for good: that tenure ends mid-copy, and nothing the sink or
+    the stream shows afterwards tells its successor that the copy is still owed."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.copies: list[tuple[int, dict[str, Any] | None]] = []  # token, progress seen
+        self.said = False
+
+    def handle_batch(self, events: Sequence[ChangeEvent], ctx: ListenerContext) -> int | None:
+        if not self.said and any(e["documentKey"]["_id"] == "gone" for e in events):
+            self.said = True
+            raise SinkLostError("the index is gone")
+        return super().handle_batch(events, ctx)
+
+    def initial_sync(self, ctx: ListenerContext) -> None:
+        self.copies.append((ctx.token, ctx.load_progress()))
+        if len(self.copies) == 2:
+            ctx.save_progress({"copied": 1})
+            raise ValueError("HTTP 400: the whole bulk request was rejected")
+        ctx.save_progress(None)
 
 
 @pytest.fixture
@@ -185,3 +209,24 @@ def test_another_deployments_checkpoint_fails_the_tenure_naming_both(scene: Scen
     assert f"{scene.db}.orders" in status.failure and f"{scene.db}.invoices" in status.failure
     assert status.last_outcome is not None and not status.last_outcome.retryable
     assert scene.store.load_deployment("shared") == owner.deployment()
+
+
+def test_a_resync_cut_short_is_finished_by_the_next_tenure(scene: Scene) -> None:
+    """The resync is marked next to the checkpoint before its copy starts: the next tenure
+    resyncs (resuming the copy's own progress, which never shows the mark) instead of resuming
+    from the checkpoint into a sink that still lacks what it lost."""
+    listener = LosesItsSinkOnce(database=scene.db, collection="r")
+    runner = scene.runner(listener)
+    runner.start()
+    try:
+        wait_state(runner, "streaming")
+        scene.coll("r").insert_one({"_id": "gone"})
+        wait_until(lambda: len(listener.copies) >= 3, 30, what="a later tenure's resync")
+        status = wait_recovered(runner)
+    finally:
+        runner.stop()
+    (first, none), (cut, _), (finished, progress) = listener.copies
+    assert none is None and first == cut < finished
+    assert progress == {"copied": 1}  # the cut copy's own progress, without the mark
+    assert status.sink_lost == 2 and status.failure is None
+    assert scene.store.load_progress(runner.name) is None  # the mark cleared after the copy
