@@ -322,12 +322,12 @@ class BulkWriter:
 
     def _request(self, pending: list[BulkItem], body: bytes) -> tuple[list[BulkItem], str]:
         try:
-            target = pending[0].index
-            watched = self.watched.get(target)
+            targets = {item.index for item in pending}  # (a shaped listener's: several)
+            watched = any(target in self.watched for target in targets)
             path = _BULK_PATH
-            if watched is not None:
+            if watched:
                 path = _BULK_WATCHED_PATH
-            elif target in self.aliases:
+            elif targets & self.aliases:
                 path = _BULK_ALIAS_PATH
             status, resp = self.transport.request("POST", path, body, ndjson=True)
         except EsUnavailableError as exc:
@@ -342,25 +342,33 @@ class BulkWriter:
                 f"bulk answer from {self.transport.description} has "
                 f"{len(results) if isinstance(results, list) else 'no'} items for {len(pending)}"
             )
-        if watched is not None:
-            self._check_landed(target, watched, results)
+        if watched:
+            self._check_landed(pending, results)
         if resp.get("errors") is False:  # every item written (a 404 delete too): no loop
             self.stats.add(written=len(pending))
             return [], ""
         return self._settle(pending, results)
 
-    def _check_landed(self, alias: str, watched: frozenset[str], results: list[Any]) -> None:
-        """Raise :class:`SinkLostError` if a write through ``alias`` landed outside ``watched``:
-        the index was deleted and made anew (by another partition) under this tenure."""
-        for result in results:
+    def _check_landed(self, pending: list[BulkItem], results: list[Any]) -> None:
+        """Raise :class:`SinkLostError` if a write through a watched alias landed outside
+        what that alias pointed to (each item against its own alias: a shaped listener's bulk
+        mixes several): the index was deleted and made anew (by another partition) under
+        this tenure."""
+        for item, result in zip(pending, results, strict=True):
+            watched = self.watched.get(item.index)
             r = next(iter(result.values())) if isinstance(result, dict) and result else {}
             landed = r.get("_index")
             written = 200 <= int(r.get("status", 0) or 0) < 300  # (a refusal names the alias)
-            if written and isinstance(landed, str) and landed not in watched:
+            if (
+                watched is not None
+                and written
+                and isinstance(landed, str)
+                and landed not in watched
+            ):
                 raise SinkLostError(
-                    f"{self.transport.description}: {alias} now points to {landed}, not to"
-                    f" {', '.join(sorted(watched))} as when this tenure began: the index was"
-                    " replaced under the listener"
+                    f"{self.transport.description}: {item.index} now points to {landed}, not"
+                    f" to {', '.join(sorted(watched))} as when this tenure began: the index"
+                    " was replaced under the listener"
                 )
 
     def _settle(self, pending: list[BulkItem], results: list[Any]) -> tuple[list[BulkItem], str]:

@@ -178,3 +178,41 @@ def test_an_all_written_answer_is_counted_not_parsed() -> None:
         "items": [{"index": {"_index": "i-1", "status": 201}}],
     }
     assert _decode(b'{"errors":true,"items":[{"index":{"status":409}}]}')["errors"] is True
+
+
+def landed(where: dict[str, str]) -> Answer:
+    """Each action written into ``where[its target]`` (the physical index behind its alias)."""
+
+    def answer(actions: list[dict[str, Any]]) -> tuple[int, Any]:
+        out = []
+        for action in actions:
+            op, meta = next(iter(action.items()))
+            out.append({op: {"status": 201, "_index": where[meta["_index"]]}})
+        return 200, {"errors": False, "items": out}
+
+    return answer
+
+
+def watched_writer(transport: Scripted) -> BulkWriter:
+    limits = BulkLimits(100, 10**6, 1.0, 1, 0.001, 0.002, retry_timeout=0.05)
+    writer = BulkWriter(transport, limits, on_dead=lambda dead: None)
+    writer.watched = {"orders": frozenset({"orders-1"}), "customers": frozenset({"customers-1"})}
+    return writer
+
+
+def test_a_mixed_bulk_checks_each_item_against_its_own_alias() -> None:
+    """A shaped listener's bulk mixes aliases: an item landing in its own alias's index is no
+    replacement, whatever alias the batch began with."""
+    writer = watched_writer(Scripted(landed({"orders": "orders-1", "customers": "customers-1"})))
+    batch = [BulkItem("index", alias, "1", 1, b"{}") for alias in ("orders", "customers")]
+    writer.send(batch, lambda: None, lambda seconds: False)
+    assert writer.stats.written == 2
+
+
+def test_a_write_landing_outside_its_alias_is_a_lost_sink() -> None:
+    writer = watched_writer(Scripted(landed({"orders": "orders-1", "customers": "customers-2"})))
+    batch = [BulkItem("index", alias, "1", 1, b"{}") for alias in ("orders", "customers")]
+    with pytest.raises(
+        SinkLostError, match="customers now points to customers-2, not to customers-1"
+    ):
+        writer.send(batch, lambda: None, lambda seconds: False)
