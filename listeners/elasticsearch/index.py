@@ -168,6 +168,19 @@ class IndexKeeper:
                 )
         return None
 
+    def reference(self) -> dict[str, dict[str, str]]:
+        """What each watched alias pointed to when found (``index.uuid`` by physical index):
+        a partition keeps it beside its checkpoint after a copy (:meth:`adopt`)."""
+        return {alias: dict(uuids) for alias, uuids in sorted(self._uuids.items())}
+
+    def adopt(self, alias: str, uuids: Mapping[str, str]) -> None:
+        """Take ``uuids``, what an earlier tenure copied into through ``alias``, as what it
+        must still point to: writes and :meth:`lost` compare with it, not with what this tenure
+        finds first (the index may have been replaced while no tenure of this partition ran)."""
+        self.aliases.add(alias)
+        self.watched[alias] = frozenset(uuids)
+        self._uuids[alias] = dict(uuids)
+
     def uuids(self, alias: str) -> dict[str, str]:
         """``index.uuid`` of each physical index behind ``alias`` (none: no such alias)."""
         status, resp = self._request("GET", alias, "/_settings/index.uuid")

@@ -55,6 +55,22 @@ def live_index(index: IndexKeeper, alias: str, part: Partition, ctx: ListenerCon
     return alias
 
 
+#: The copy-progress key under which a partition's copy names what it copies into.
+INTO = "into"
+
+
+def resumable(index: IndexKeeper, aliases: Sequence[str], ctx: ListenerContext) -> dict[str, Any]:
+    """What a partition's copy goes into, to keep in its progress (``{INTO: ...}``): each
+    alias's physical indexes by ``index.uuid``. Progress saved for other indexes (an earlier
+    tenure's copy into an index since deleted and recreated by another partition: the
+    documents it counts as copied are not in these) is dropped, and the copy starts over."""
+    into = {alias: index.uuids(alias) for alias in sorted(aliases)}
+    saved = ctx.load_progress()
+    if saved and saved.get(INTO) != into:
+        ctx.save_progress(None)
+    return {INTO: into}
+
+
 def owner(part: Partition | None) -> Callable[[Any], bool]:
     """Whether a document ``_id`` is this partition's (always, unpartitioned)."""
     if part is None:

@@ -82,6 +82,8 @@ from singleton.retry import Backoff
 
 #: The origin of copied documents, for their dead-letter records.
 _COPIED = {"op": "initial_sync"}
+#: The progress key under which a partition keeps what its last copy went into.
+_COPIED_INTO = "copied_into"
 _POSITIVE_INTEGERS = (
     "bulk_actions",
     "bulk_bytes",
@@ -487,9 +489,12 @@ class ElasticsearchSync(ChangeStreamListener):
 
     def stale_sink(self, ctx: ListenerContext) -> str | None:
         """Why a resumed tenure must rebuild the index first: a shaped index built by other
-        rules (its ``_meta`` names another shape, see :mod:`.shape.collections`)."""
+        rules (its ``_meta`` names another shape, see :mod:`.shape.collections`), or, for a
+        partition, an index replaced since its last copy (:meth:`_replaced`)."""
         shape, session = self._shape, self._session_for(ctx)
-        if shape is None or self.partition is not None:
+        if self.partition is not None:
+            return self._replaced(session, ctx)
+        if shape is None:
             return None
         for alias in sorted(shape.indexes):
             if not session.index.targets(alias):
@@ -500,6 +505,26 @@ class ElasticsearchSync(ChangeStreamListener):
                     f"index {alias} was built by {'another shape' if built else 'no shape'} "
                     f"({built or 'no _meta'}; now {shape.digest(alias)}): the collections, "
                     f"filters or field rules that feed it changed"
+                )
+        return None
+
+    def _replaced(self, session: _Session, ctx: ListenerContext) -> str | None:
+        """A resumed partition's: why the indexes its last copy went into are no longer behind
+        their aliases (another partition recreated a deleted index while this one did not run:
+        its own documents are not there), or ``None``. What the copy went into stays the
+        reference of this tenure's writes and idle checks (an alias gone now: the first of
+        them tells)."""
+        into = (ctx.load_progress() or {}).get(_COPIED_INTO)
+        if not isinstance(into, dict):
+            return None  # (no copy recorded: an earlier version's checkpoint)
+        for alias, then in sorted(into.items()):
+            session.index.adopt(alias, then)
+            now = session.index.uuids(alias)
+            if now and now != then:
+                return (
+                    f"index {alias} points to other indexes (now {', '.join(sorted(now))}) than"
+                    f" this partition copied into ({', '.join(sorted(then))}, by index.uuid):"
+                    " it was replaced while this partition did not run"
                 )
         return None
 
@@ -705,12 +730,14 @@ class ElasticsearchSync(ChangeStreamListener):
                 part=self.partition,
                 before_change=self.full_document_before_change,
             ).run(ctx, session.index, session.writer)
+            self._copied(session, ctx)
             return
         index, items, part, alias = session.index, session.items, self.partition, self._index_name
         saved = ctx.load_progress() or {}
-        target = saved.get("target")
+        target, extra = saved.get("target"), {}
         if part is not None:
             target = partitioned.live_index(index, alias, part, ctx)
+            extra = partitioned.resumable(index, [alias], ctx)
         elif not isinstance(target, str) or not index.exists(target):
             if saved:
                 ctx.save_progress(None)  # a copy into an index that is gone, or pre-alias
@@ -727,9 +754,17 @@ class ElasticsearchSync(ChangeStreamListener):
             ),
             batch_size=self.copy_batch_size,
             replay_batch=self.batch_size,
-            progress_extra={"target": target},
+            progress_extra={"target": target, **extra},
         )
         copy.run(ctx, self._collection(ctx), session.writer)
         if part is None:
             index.swap(alias, target, ctx)
         ctx.save_progress(None)
+        self._copied(session, ctx)
+
+    def _copied(self, session: _Session, ctx: ListenerContext) -> None:
+        """A partition's copy is done: keep, beside the checkpoint, which physical indexes it
+        copied into (by ``index.uuid``), so that a later tenure finds out if another
+        partition replaced them meanwhile (:meth:`stale_sink`)."""
+        if self.partition is not None:
+            ctx.save_progress({_COPIED_INTO: session.index.reference()})

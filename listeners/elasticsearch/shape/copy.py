@@ -53,6 +53,7 @@ class ShapedCopy:
         self.name, self.shape, self.items, self.replay = name, shape, items, replay
         self.batch_size, self.replay_batch, self.part = batch_size, replay_batch, part
         self.before_change = before_change
+        self._into: dict[str, Any] = {}  # a partition's: what it copies into (its progress)
 
     def targets(self, index: IndexKeeper, ctx: ListenerContext) -> dict[str, str]:
         """The physical index of each alias: the saved ones if they all still exist, else
@@ -60,7 +61,9 @@ class ShapedCopy:
         saved = ctx.load_progress() or {}
         aliases = sorted(self.shape.indexes)
         if self.part is not None:
-            return {a: partitioned.live_index(index, a, self.part, ctx) for a in aliases}
+            live = {a: partitioned.live_index(index, a, self.part, ctx) for a in aliases}
+            self._into = partitioned.resumable(index, aliases, ctx)
+            return live
         found = saved.get("targets")
         if (
             isinstance(found, dict)
@@ -81,7 +84,7 @@ class ShapedCopy:
         if start is None:
             ts = mongo.cluster_time(ctx.client)
             start = [ts.time, ts.inc]
-            ctx.save_progress({"targets": targets, "done": done, "start_time": start})
+            ctx.save_progress({**self._into, "targets": targets, "done": done, "start_time": start})
         ctx.logger.info(
             "initial sync of {}: copying {} into {}",
             self.name,
@@ -94,7 +97,13 @@ class ShapedCopy:
         for n, name in enumerate(todo):
             shape = self.shape.collections[name]
             target = targets[shape.index]
-            here = {"targets": targets, "done": done, "start_time": start, "collection": name}
+            here = {
+                **self._into,
+                "targets": targets,
+                "done": done,
+                "start_time": start,
+                "collection": name,
+            }
             if (ctx.load_progress() or {}).get("collection") != name:
                 ctx.save_progress(here)  # (no last_id: another collection's is not ours)
 
@@ -114,7 +123,7 @@ class ShapedCopy:
                 lookups=[r.lookup_stage(i) for i, r in enumerate(shape.relations)],
             ).run(ctx, database[name], writer)
             done = [*done, name]
-            ctx.save_progress({"targets": targets, "done": done, "start_time": start})
+            ctx.save_progress({**self._into, "targets": targets, "done": done, "start_time": start})
         if not todo:  # (a successor found every collection copied: replay, as the last would)
             InitialCopy(
                 name=self.name,
