@@ -1,14 +1,18 @@
-"""Run a :class:`~listeners.base.ChangeStreamListener` whose ``handle_batch`` (and ``flush``) may be
-``async def``, from an asyncio application, with the threaded runner's rules unchanged.
+"""Run a :class:`~listeners.base.ChangeStreamListener` whose ``handle_batch``, ``flush`` and
+hooks (``on_start``, ``stale_sink``, ``initial_sync``, ``on_idle``, ``on_invalidate``,
+``on_stop``) may be ``async def``, from an asyncio application, with the threaded runner's rules
+unchanged. Any other method of the base written as ``async def`` (``sink_identity``,
+``next_batch_size``, ...: values the runner reads, not work it awaits) is refused at
+construction (:class:`~singleton.errors.ConfigurationError`), never silently not awaited.
 
 Design: the tenure (claiming the checkpoint, reading the change stream with bounded calls, the
 checkpoint policy, fencing, the drain and handover, the failure budget and resignation) is
 :class:`~listeners.runtime.runner.ListenerRunner`'s, on its threads with its
 :class:`~singleton.Elector`: it already keeps every rule, and a second copy would drift. Only the
 sink's coroutines run on the application's event loop: the tenure thread submits each
-``handle_batch`` with ``asyncio.run_coroutine_threadsafe`` and waits for it no longer than the
-tenure may act. So the blocking reads never touch the loop, and the loop's coroutines never
-outlive their lease.
+``handle_batch`` (and hook) with ``asyncio.run_coroutine_threadsafe`` and waits for it no longer
+than the tenure may act (``on_stop``, which runs when the tenure is over: to its end). So the
+blocking reads never touch the loop, and the loop's coroutines never outlive their lease.
 
 Failure model: the runner's (see :mod:`listeners.runtime.runner`), plus a loop that may be slow or
 hogged. A batch whose coroutine has not finished when the tenure's renew deadline passes (or the
@@ -28,9 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from listeners.base import ChangeStreamListener
+from listeners.base import ChangeStreamListener, ListenerContext
 from listeners.runtime.runner import ListenerRunner, RunnerOptions
 from listeners.runtime.status import RunnerStatus
+from singleton.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pymongo import MongoClient
@@ -39,6 +44,19 @@ if TYPE_CHECKING:
     from singleton.election.elector import Elector
     from singleton.election.leadership import Leadership
 
+#: The methods that may be coroutine functions; each is awaited on the loop while its tenure
+#: may act, except :data:`UNBOUNDED`'s (cleanup, once the tenure is over).
+BRIDGED = (
+    "handle_batch",
+    "flush",
+    "on_start",
+    "stale_sink",
+    "initial_sync",
+    "on_idle",
+    "on_invalidate",
+    "on_stop",
+)
+UNBOUNDED = frozenset({"on_stop"})
 #: How often a tenure thread waiting for a batch's coroutine looks at its tenure: bounds how
 #: late a demotion before the deadline (a refused renewal, a drain's end) cancels the batch.
 LOOK_EVERY = 0.05
@@ -59,10 +77,19 @@ class AsyncListenerRunner:
     ) -> None:
         self.listener = listener
         self._loop: asyncio.AbstractEventLoop | None = None
-        for method in ("handle_batch", "flush"):
+        for method in BRIDGED:
             bound = getattr(listener, method)
             if inspect.iscoroutinefunction(bound):
-                setattr(listener, method, self._bridge(bound))
+                setattr(listener, method, self._bridge(bound, method in UNBOUNDED))
+        for method, _ in inspect.getmembers(ChangeStreamListener, callable):
+            if method in BRIDGED or method.startswith("_"):
+                continue
+            if inspect.iscoroutinefunction(getattr(listener, method, None)):
+                raise ConfigurationError(
+                    f"{type(listener).__name__}.{method} is async def: the runner calls it"
+                    " for a value, it never awaits it; make it a plain method (only"
+                    f" {', '.join(BRIDGED)} may be coroutines)"
+                )
         self.runner = ListenerRunner(listener, elector, client_or_url, **options)
         self.elector = elector
 
@@ -84,13 +111,17 @@ class AsyncListenerRunner:
     def is_leader(self) -> bool:
         return self.elector.is_leader
 
-    def _bridge(self, method: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
+    def _bridge(
+        self, method: Callable[..., Coroutine[Any, Any, Any]], unbounded: bool
+    ) -> Callable[..., Any]:
         def on_the_loop(*args: Any) -> Any:
-            ctx = args[-1]  # (events, ctx) or (deadline, ctx)
+            ctx = next(a for a in args if isinstance(a, ListenerContext))
             loop = self._loop
             if loop is None or loop.is_closed():
                 raise RuntimeError("AsyncListenerRunner: start() it from a running event loop")
             future = asyncio.run_coroutine_threadsafe(method(*args), loop)
+            if unbounded:
+                return future.result()
             return _within_tenure(future, ctx.leadership)
 
         return on_the_loop
