@@ -10,6 +10,7 @@ the write; majority writes; a timeout or network error is an unknown outcome and
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -41,6 +42,7 @@ from singleton.lease.mongo import (
     lease_state,
     released_name,
     renew_update,
+    report_clock_skew,
 )
 from singleton.redact import redact
 
@@ -51,7 +53,7 @@ class AsyncMongoLeaseBackend(AsyncServerLeases):
     """Leases on MongoDB, awaited. Pass an ``AsyncMongoClient`` (never closed here) or a URL
     (the client built from it has the thread backend's bounded timeouts and is closed by
     :meth:`aclose`); the options are :class:`~singleton.lease.mongo.MongoLeaseBackend`'s
-    (``clock_skew_warning`` is accepted for symmetry; this backend does not check the skew)."""
+    (the clock skew is checked once, before the first contend or inspect)."""
 
     def __init__(
         self,
@@ -64,6 +66,8 @@ class AsyncMongoLeaseBackend(AsyncServerLeases):
     ) -> None:
         check_options(database, collection, clock_skew_warning, timeout)
         self._timeout = float(timeout)
+        self._skew_warning = float(clock_skew_warning)
+        self._checked = False
         self._owned = isinstance(client_or_url, str)
         if isinstance(client_or_url, str):
             self._url = redact(client_or_url)
@@ -98,6 +102,7 @@ class AsyncMongoLeaseBackend(AsyncServerLeases):
         for attempt in (1, 2):  # once more if a concurrent upsert inserted the document first
             try:
                 with self._translate("acquire", name):
+                    await self._check_clock()
                     doc = await self._coll.find_one_and_update(
                         {"_id": name}, pipeline, upsert=True, return_document=ReturnDocument.AFTER
                     )
@@ -130,6 +135,7 @@ class AsyncMongoLeaseBackend(AsyncServerLeases):
     async def inspect(self, name: str) -> LeaseState | None:
         validate_lease_args(name)
         with self._translate("inspect", name):
+            await self._check_clock()
             cursor = await self._coll.aggregate(inspect_pipeline(name))
             docs = await cursor.to_list()
         return lease_state(name, docs[0], None) if docs else None
@@ -163,6 +169,17 @@ class AsyncMongoLeaseBackend(AsyncServerLeases):
             if classify(exc) != "transient":
                 self._resume = None  # history lost or an unresumable stream: start from now
             raise
+
+    async def _check_clock(self) -> None:
+        """Once: warn if this host's wall clock is far from the server's (informational;
+        expiry never uses it). A failure is the operation's, which it precedes."""
+        if self._checked:
+            return
+        before = time.time()
+        hello = await self._client.admin.command("hello")
+        after = time.time()
+        self._checked = True
+        report_clock_skew(hello, before, after, self._skew_warning, self._url)
 
     @contextlib.contextmanager
     def _translate(self, op: str, name: str) -> Iterator[None]:
