@@ -41,10 +41,20 @@ def test_a_stopped_leader_hands_over_at_once_and_callbacks_may_be_coroutines(
                 await asyncio.sleep(0)
                 heard.append((who, "elected", ld.token))
 
-            def lost(ld: Leadership, reason: str) -> None:
+            async def lost(ld: Leadership, reason: str) -> None:
+                await asyncio.sleep(0)
                 heard.append((who, "lost", reason))
 
-            return {"on_elected": elected, "on_lost": lost, "identity": who}
+            async def new_leader(leader: str | None) -> None:
+                await asyncio.sleep(0)
+                heard.append((who, "leader", leader))
+
+            return {
+                "on_elected": elected,
+                "on_lost": lost,
+                "on_new_leader": new_leader,
+                "identity": who,
+            }
 
         async with make_async(kind, url, unique) as ba, make_async(kind, url, unique) as bb:
             a = AsyncElector(ba, "job", **FAST, **recorder("a"))
@@ -62,6 +72,8 @@ def test_a_stopped_leader_hands_over_at_once_and_callbacks_may_be_coroutines(
         await asyncio.sleep(0)
         assert ("a", "elected", first.token) in heard and ("a", "lost", "stopped") in heard
         assert ("b", "elected", second.token) in heard
+        assert ("a", "leader", "a") in heard and ("b", "leader", "a") in heard, heard
+        assert ("b", "leader", "b") in heard, heard
 
     run(scenario())
 
@@ -88,6 +100,53 @@ def test_lead_cancels_its_body_and_raises_lease_lost_when_the_store_gives_it_awa
     finally:
         thread.close()
     assert took < FAST["renew_interval"] + 0.5
+
+
+def test_run_starts_the_work_again_when_it_is_elected_after_losing_the_lease(
+    kind: str, url: str, unique: str
+) -> None:
+    """``run(work)``: the store gives the lease to a rival; the work is cancelled, and once the
+    rival's lease runs out and this replica is elected again, the work starts again with a
+    greater fencing token."""
+    thread = make_thread(kind, url, unique)
+    tenures: list[tuple[int, str]] = []
+    changed = asyncio.Event()
+
+    async def scenario() -> None:
+        async with make_async(kind, url, unique) as b:
+            elector = AsyncElector(b, "job", **FAST)
+
+            async def work(ld: Leadership) -> None:
+                tenures.append((ld.token, "started"))
+                changed.set()
+                try:
+                    if len(tenures) == 1:  # the store gives this first lease to a rival
+                        assert thread.release(ld.lease)
+                        assert thread.try_acquire("job", "rival/1", 1.0) is not None
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    tenures.append((ld.token, "cancelled"))
+                    changed.set()
+                    raise
+
+            runner = asyncio.ensure_future(elector.run(work))
+
+            async def until_two_started() -> None:
+                while [what for _, what in tenures].count("started") < 2:
+                    changed.clear()
+                    await changed.wait()
+
+            await asyncio.wait_for(until_two_started(), 20)
+            await elector.stop()
+            await runner
+
+    try:
+        run(scenario())
+    finally:
+        thread.close()
+    (first, _), (first_again, what), (second, _) = tenures[:3]
+    assert (first_again, what) == (first, "cancelled"), tenures
+    assert second > first, tenures
 
 
 @pytest.mark.serial
