@@ -135,3 +135,38 @@ def test_lead_times_out_while_another_holds_the_lease() -> None:
                 raise AssertionError("elected while a rival holds the lease")
 
     asyncio.run(scenario())
+
+
+class Door:
+    """A gate (what a balancer is to an election) that holds contends back until opened."""
+
+    def __init__(self) -> None:
+        self.open = False
+        self.asked = self.returned = 0
+
+    def gate(self, name: str) -> float:
+        self.asked += 1
+        return 0.0 if self.open else 0.05
+
+    def done(self, name: str) -> None:
+        self.returned += 1
+
+
+def test_a_gate_holds_the_async_elector_back_until_it_admits_a_contend() -> None:
+    """``gate=`` on AsyncElector: while the gate says wait, the free lease is not taken; once it
+    admits, the elector contends and leads, and tells the gate the contend returned."""
+    door = Door()
+
+    async def scenario() -> None:
+        backend = AsyncMemory()
+        elector = AsyncElector(backend, "job", gate=door, **FAST)
+        elector.start()
+        while door.asked < 5:
+            await asyncio.sleep(0.01)
+        assert not elector.is_leader and backend.store.inspect("job") is None
+        door.open = True
+        async with elector.lead(timeout=5) as ld:
+            assert ld.valid() and door.returned >= 1
+        await elector.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
