@@ -214,6 +214,9 @@ class ElasticsearchSync(ChangeStreamListener):
         self.stats = BulkStats()
         #: A shaped listener's events and dead letters per collection (the metrics' label).
         self.by_collection = CollectionCounts()
+        #: Drops and renames of a watched collection (or its database) seen, every tenure:
+        #: ``singleton_collection_drops_total`` (``on_drop`` decides what follows).
+        self.drops_seen = 0
         self._sizer = BatchSizer(
             self.batch_size,
             target=self.target_bulk_seconds,
@@ -627,12 +630,17 @@ class ElasticsearchSync(ChangeStreamListener):
             )
 
     def _dropped(self, event: ChangeEvent, session: _Session, name: str) -> None:
-        session.ctx.logger.info(
-            "elasticsearch: {} of {} seen; on_drop={} for index {}",
+        """The collection dropped or renamed away: ``keep`` leaves its documents in the index
+        (a WARNING says so: they are no longer in MongoDB), ``delete_index`` deletes it (what
+        is written next builds it anew)."""
+        self.drops_seen += 1
+        session.ctx.logger.warning(
+            "elasticsearch: {} of {} seen; on_drop={} for index {}{}",
             event.get("operationType"),
             f"{self.database}.{self.collection}",  # (the stream leaves ``ns`` out)
             self.on_drop,
             name,
+            ": its documents stay in the index" if self.on_drop == "keep" else "",
         )
         if self.on_drop == "delete_index":
             session.index.delete(name, session.ctx)
@@ -700,6 +708,7 @@ class ElasticsearchSync(ChangeStreamListener):
         collection (the index then equals what is left); ``keep`` keeps them."""
         op, where = event.get("operationType"), event.get("ns") or {}
         name = f"{self.database}.{where.get('coll') or '*'}"
+        self.drops_seen += 1
         session.ctx.logger.warning(
             "elasticsearch: {} of {} seen; on_drop={} for {}", op, name, self.on_drop, self.name
         )

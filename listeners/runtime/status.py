@@ -166,6 +166,13 @@ def per_collection(listener: object) -> dict[str, dict[str, int]]:
     return snapshot() if callable(snapshot) else {}
 
 
+def collection_drops(listener: object) -> int | None:
+    """Drops and renames of a watched collection the listener saw (``drops_seen``:
+    ElasticsearchSync), else ``None``."""
+    seen = getattr(listener, "drops_seen", None)
+    return seen if isinstance(seen, int) and not isinstance(seen, bool) else None
+
+
 def sink_bytes(listener: object) -> int | None:
     """Bytes the listener sent to its sink (request bodies, retries included), when its
     ``stats`` counts them (``sent_bytes``: ElasticsearchSync's bulk writer); else ``None``."""

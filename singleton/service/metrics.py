@@ -29,7 +29,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 
-from listeners.runtime.status import per_collection, sink_bytes, sink_error_counts
+from listeners.runtime.status import (
+    collection_drops,
+    per_collection,
+    sink_bytes,
+    sink_error_counts,
+)
 from singleton.errors import SingletonError
 from singleton.latency import LatencySnapshot
 
@@ -178,6 +183,12 @@ def _runner_families(hosted: list[Hosted], now: float) -> Iterator[Metric]:
         "Dead letters written: poison events and documents the sink refused for good",
         labels=["lease"],
     )
+    drops = CounterMetricFamily(
+        "singleton_collection_drops",
+        "Drops and renames of a watched collection (or its database) the listener saw; "
+        "on_drop decides what follows (keep: its documents stay in the index)",
+        labels=["lease"],
+    )
     runners: list[tuple[str, Any]] = []
     for h in hosted:
         status = h.runner.status()
@@ -190,10 +201,13 @@ def _runner_families(hosted: list[Hosted], now: float) -> Iterator[Metric]:
         nbytes = sink_bytes(getattr(h.runner, "listener", None))
         if nbytes is not None:
             sent.add_metric([h.name], nbytes)
+        dropped = collection_drops(getattr(h.runner, "listener", None))
+        if dropped is not None:
+            drops.add_metric([h.name], dropped)
         behind = status.lag_seconds(now)
         if behind is not None:
             lag.add_metric([h.name], behind)
-    yield from (lag, batch, sink_errors, sent, dead)
+    yield from (lag, batch, sink_errors, sent, dead, drops)
     yield from _collection_families(hosted, now)
     yield from _status_families("lease", runners)
 

@@ -188,3 +188,10 @@ def test_membership_metrics_from_a_real_balancer() -> None:
     assert "singleton_members 2.0" in body
     assert "singleton_leases_held 0.0" in body
     assert "singleton_lease_share 1.0" in body
+
+
+def test_collection_drops_are_served_for_a_listener_that_counts_them() -> None:
+    _, body = _scrape("text/plain", _replica(SimpleNamespace(drops_seen=2)))
+    assert 'singleton_collection_drops_total{lease="orders"} 2.0' in body, body
+    _, plain = _scrape("text/plain")  # a listener that does not count them: no sample
+    assert "singleton_collection_drops_total{" not in plain
