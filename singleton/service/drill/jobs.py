@@ -9,8 +9,9 @@ then requires, whatever the faults:
 * the job ran (in every drill);
 * every fire time between the first and the last recorded ran, unless a fault could lose the
   claims or move a leader's wall clock (``lease-wipe``, ``redis-restart``,
-  ``sentinel-failover``, ``clock-jump``): those skip fire times by design (never double them),
-  so there it is only counted.
+  ``sentinel-failover``, ``clock-jump``), or stops every replica for longer than the job's
+  ``misfire_grace`` (``history-loss``: no replica runs while the oplog is flooded): those skip
+  fire times by design (never double them), so there it is only counted.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ JOB = "drill-tick"
 EVERY_MS = 1000
 RECORD_ENV = "DRILL_JOB_FILE"
 #: Faults after which missing fire times are expected (skipped, never doubled).
-SKIPPING_KINDS = frozenset({"lease-wipe", "redis-restart", "sentinel-failover", "clock-jump"})
+SKIPPING_KINDS = frozenset(
+    {"lease-wipe", "redis-restart", "sentinel-failover", "clock-jump", "history-loss"}
+)
 
 
 def record(ctx: JobContext) -> None:
