@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bson.timestamp import Timestamp
 from loguru import logger
+from pymongo import UpdateOne
 
 from listeners.runtime.handover import Drained
 from singleton.clock import Clock
@@ -106,24 +107,36 @@ class DeadLetterStore:
         ctx: ListenerContext,
     ) -> None:
         """Record (or update) the dead letter of ``event``'s document (after ``ctx.check()``)."""
+        self.put_many([(event, error, attempts)], ctx)
+
+    def put_many(
+        self, letters: Sequence[tuple[ChangeEvent, BaseException, int]], ctx: ListenerContext
+    ) -> None:
+        """:meth:`put` for each ``(event, error, attempts)``, in one round trip (a sink that
+        refuses a whole batch's documents dead-letters them at the rate of that batch)."""
         ctx.check()
+        if not letters:
+            return
         now = datetime.now(timezone.utc)
-        update = {
-            "$set": {
-                "event": dict(event),
-                "reason": f"{type(error).__name__}: {error}",
-                "status": getattr(error, "status", None),
-                "last_seen": now,
-                "fencing_token": ctx.token,
-                "holder": ctx.leadership.holder,
-            },
-            "$setOnInsert": {"first_seen": now},
-            "$inc": {"attempts": attempts},
-            "$unset": {"replay": ""},
-        }
-        key = {"listener": ctx.listener_name, "key": _event_id(event)}
+        ops = []
+        for event, error, attempts in letters:
+            update = {
+                "$set": {
+                    "event": dict(event),
+                    "reason": f"{type(error).__name__}: {error}",
+                    "status": getattr(error, "status", None),
+                    "last_seen": now,
+                    "fencing_token": ctx.token,
+                    "holder": ctx.leadership.holder,
+                },
+                "$setOnInsert": {"first_seen": now},
+                "$inc": {"attempts": attempts},
+                "$unset": {"replay": ""},
+            }
+            key = {"listener": ctx.listener_name, "key": _event_id(event)}
+            ops.append(UpdateOne({"_id": key}, update, upsert=True))
         with mongo.translate(f"dead letter for {ctx.listener_name!r}"):
-            self.dead_letters.update_one({"_id": key}, update, upsert=True)
+            self.dead_letters.bulk_write(ops, ordered=True)  # (one document twice: the last wins)
 
     def letters(self, listener: str, limit: int = 0) -> list[dict[str, Any]]:
         """The dead letters of ``listener``, oldest first."""

@@ -406,18 +406,24 @@ class BulkWriter:
             else:
                 dead.append(DeadLetter(item, st, error_text(r)))
         self.stats.add(written=written, conflicts=conflicts, dead=len(dead))
-        if dead:
-            for d in dead:
-                self.log.warning(
-                    "bulk: dead-lettering {} {}/{} (HTTP {}): {}",
-                    d.item.op,
-                    d.item.index,
-                    d.item.doc_id,
-                    d.status,
-                    d.reason,
-                )
+        if dead:  # one line and one store request per bulk request, however many
+            shown = "; ".join(
+                f"{d.item.op} {d.item.index}/{d.item.doc_id} (HTTP {d.status}): {d.reason}"
+                for d in dead[:_DEAD_SHOWN]
+            )
+            more = len(dead) - _DEAD_SHOWN
+            self.log.warning(
+                "bulk: dead-lettering {} item(s): {}{}",
+                len(dead),
+                shown,
+                f"; and {more} more" if more > 0 else "",
+            )
             self.on_dead(dead)
         return retry, why
+
+
+#: Dead letters of one bulk request named in its WARNING (the rest are counted).
+_DEAD_SHOWN = 3
 
 
 def _index_refused(result: dict[str, Any]) -> bool:

@@ -67,6 +67,19 @@ class EsDeadLetters:
         self.store, self.keep_source = store, keep_source
 
     def put(self, letters: Sequence[DeadLetter], ctx: ListenerContext) -> None:
-        for letter in letters:
-            error = ItemRejectedError(letter.reason, letter.status)
-            self.store.put(letter_record(letter, self.keep_source), error, 1, ctx)
+        """Record ``letters``: in one request when the store can (``put_many``:
+        :class:`~listeners.deadletters.DeadLetterStore`), else one by one."""
+        records = [
+            (
+                letter_record(letter, self.keep_source),
+                ItemRejectedError(letter.reason, letter.status),
+                1,
+            )
+            for letter in letters
+        ]
+        many = getattr(self.store, "put_many", None)
+        if callable(many):
+            many(records, ctx)
+            return
+        for record, error, attempts in records:
+            self.store.put(record, error, attempts, ctx)
