@@ -54,7 +54,7 @@ from listeners.runtime.handover import Drained, HandoverGate
 from listeners.runtime.status import StatusBoard, TenureOutcome
 from listeners.stream import history
 from listeners.stream.large_events import LargeEvents
-from listeners.stream.reader import StartPosition, StreamReader
+from listeners.stream.reader import StartPosition, StreamReader, oversized_reply
 from listeners.stream.tokens import event_time, token_time
 from singleton.drivers import mongo
 from singleton.errors import (
@@ -151,6 +151,9 @@ class TenureWorker:
         #: ``ctx.check()`` still runs before every write, so a longer read never outlives the
         #: lease's safety, and a drain does not wait for it.
         self._read_timeout = settings.op_timeout
+        #: The getMore batch size after a reply over the driver's message limit (halved each
+        #: time, this tenure); ``None``: the listener's ``batch_size``.
+        self._reply_batch: int | None = None
         #: Every failure of the tenure, whatever failed: one backoff, one budget.
         self._failures = FailureStreak(
             self.name,
@@ -305,6 +308,7 @@ class TenureWorker:
                 pos,
                 max_await_time=self._settings.max_await_time,
                 at_time=fresh,
+                batch_size=self._reply_batch,
             )
         with opened as stream:
             reader = StreamReader(
@@ -513,6 +517,9 @@ class TenureWorker:
         cannot help or the failure budget is spent."""
         if isinstance(exc, SinkLostError):
             return self._sink_lost(exc)
+        if oversized_reply(exc) and pos is not None and self._halve_reply_batch(exc):
+            self._policy.reload()  # no budget spent: each halving gets nearer a size that fits
+            return self._policy.resume_position(pos)
         kind = "transient" if isinstance(exc, ListenerFailing) else mongo.classify(exc)
         if kind == "history_lost":
             since = None if self._policy.last is None else self._policy.last.cluster_time
@@ -540,6 +547,24 @@ class TenureWorker:
             return None
         self._policy.reload()
         return self._policy.resume_position(pos)
+
+    def _halve_reply_batch(self, exc: BaseException) -> bool:
+        """A ``getMore`` reply was over the driver's message limit: read on with half as many
+        events per ``getMore`` (one WARNING); ``False`` once it is 1 already."""
+        was = self._reply_batch or self._settings.listener.batch_size
+        if was <= 1:
+            return False
+        self._reply_batch = max(1, was // 2)
+        logger.warning(
+            "a change-stream reply was over the driver's message limit: reading on with"
+            " getMore batches of {} events (was {}): listener={} token={}: {}",
+            self._reply_batch,
+            was,
+            self.name,
+            self.ctx.token,
+            exc,
+        )
+        return True
 
     def _sink_lost(self, exc: SinkLostError) -> StartPosition:
         """The sink lost what it held (``exc``): copy again, or fail without an initial sync.

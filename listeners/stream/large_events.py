@@ -75,7 +75,13 @@ class LargeEvents:
         return self._listener.lease_name
 
     def watch(
-        self, client: Any, pos: StartPosition, *, max_await_time: float, at_time: Timestamp | None
+        self,
+        client: Any,
+        pos: StartPosition,
+        *,
+        max_await_time: float,
+        at_time: Timestamp | None,
+        batch_size: int | None = None,
     ) -> Any:
         """Open the listener's stream at ``pos`` (see :func:`listeners.stream.reader.watch`), with
         the large-event projection while reduced."""
@@ -90,6 +96,7 @@ class LargeEvents:
             max_await_time=max_await_time,
             at_time=at_time,
             pipeline=stages,
+            batch_size=batch_size,
         )
         return self._stream
 

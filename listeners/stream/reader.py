@@ -75,10 +75,11 @@ def watch(
     max_await_time: float,
     at_time: Timestamp | None = None,
     pipeline: Sequence[Mapping[str, Any]] | None = None,
+    batch_size: int | None = None,
 ) -> Any:
     """Open ``listener``'s change stream at ``position`` (``at_time`` for a fresh one) with
     ``pipeline`` (default: the listener's); each ``getMore`` waits at most ``max_await_time``
-    seconds."""
+    seconds and returns at most ``batch_size`` events (default: the listener's)."""
     target: Any = client[listener.database or ""]
     if listener.collection is not None:
         target = target[listener.collection]
@@ -92,9 +93,18 @@ def watch(
     return target.watch(
         list(listener.pipeline if pipeline is None else pipeline),
         max_await_time_ms=max(1, int(max_await_time * 1000)),
-        batch_size=listener.batch_size,
+        batch_size=listener.batch_size if batch_size is None else batch_size,
         **kwargs,
     )
+
+
+def oversized_reply(exc: BaseException) -> bool:
+    """Whether ``exc`` is the driver refusing a reply over its message limit (48 MB): a
+    ``getMore`` whose events together are too large, each of them under 16 MB (the server
+    packs up to ``batchSize`` of them). A smaller batch reads them; retrying the same does not."""
+    import pymongo.errors as pe
+
+    return isinstance(exc, pe.ProtocolError) and "larger than server max message size" in str(exc)
 
 
 @dataclass
