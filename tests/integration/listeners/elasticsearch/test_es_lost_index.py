@@ -140,6 +140,8 @@ def test_a_partition_that_was_away_while_another_recreated_the_index_copies_its_
     ]
     try:
         _equal_within(coll, es_url, alias, 60)
+        # its copy checkpointed (a copy cut short is the other test's: it starts over)
+        wait_until(lambda: store.load(first_one.lease_name) is not None, 60, what="1's checkpoint")
         runners[1].stop()  # partition 1 is away
         first_one.close()
         _delete_behind(es_url, alias)
