@@ -10,7 +10,7 @@ from typing import Any
 
 import pymongo
 
-from singleton.service.dev.embedded import wait_until
+from singleton.service.dev.embedded import MongoServer, wait_until
 from singleton.testing import MemoryLeaseBackend
 from tests.integration.listener_support import LogCapture, Recorder, make_runner, wait_state
 
@@ -18,9 +18,11 @@ BLOB = 12 * 1024 * 1024
 
 
 def test_a_reply_over_the_message_limit_halves_the_getmore_batch(
-    mongo_url: str, unique: str
+    faulty_mongo: MongoServer, unique: str
 ) -> None:
-    db = f"big{unique}"
+    # A SecantusDB of this module's own: 72 MB of events in the shared one's oplog would slow
+    # every later change stream opened on it.
+    mongo_url, db = faulty_mongo.url, f"big{unique}"
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
     listener = Recorder(database=db, collection="blobs", failure_budget=5.0)
     listener.batch_size = 8
