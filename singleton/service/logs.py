@@ -24,6 +24,20 @@ TEXT_FORMAT = (
 )
 
 
+class _Stderr:
+    """``sys.stderr`` as it is at each write, not as it was at set-up: a caller that swaps it
+    (a test's capture, a redirect) is followed, and a closed replacement never receives."""
+
+    def write(self, message: str) -> None:
+        sys.stderr.write(message)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def _patch(record: Record) -> None:
     redact_record(record)
     record["extra"].setdefault("identity", "-")
@@ -33,9 +47,9 @@ def setup_logging(fmt: str = "text", level: str = "INFO", identity: str | None =
     logger.remove()
     kwargs: dict[str, Any] = {"level": level.upper(), "backtrace": False, "diagnose": False}
     if fmt == "json":
-        logger.add(sys.stderr, serialize=True, **kwargs)
+        logger.add(_Stderr(), serialize=True, **kwargs)
     else:
-        logger.add(sys.stderr, format=TEXT_FORMAT, colorize=None, **kwargs)
+        logger.add(_Stderr(), format=TEXT_FORMAT, colorize=None, **kwargs)
     logger.configure(patcher=_patch, extra={"identity": identity or "-"})
     for package in PACKAGES:
         logger.enable(package)
