@@ -518,11 +518,17 @@ class ElasticsearchSync(ChangeStreamListener):
         reference of this tenure's writes and idle checks (an alias gone now: the first of
         them tells)."""
         into = (ctx.load_progress() or {}).get(_COPIED_INTO)
-        if not isinstance(into, dict):
+        if not isinstance(into, dict) or not into:
+            ctx.logger.info(
+                "elasticsearch: {} resumes with no record of what its last copy went into ({!r})",
+                self.lease_name,
+                into,
+            )
             return None  # (no copy recorded: an earlier version's checkpoint)
         for alias, then in sorted(into.items()):
             session.index.adopt(alias, then)
             now = session.index.uuids(alias)
+            ctx.logger.debug("elasticsearch: {} copied into {}, now {}", alias, then, now)
             if now and now != then:
                 return (
                     f"index {alias} points to other indexes (now {', '.join(sorted(now))}) than"
@@ -776,4 +782,6 @@ class ElasticsearchSync(ChangeStreamListener):
         copied into (by ``index.uuid``), so that a later tenure finds out if another
         partition replaced them meanwhile (:meth:`stale_sink`)."""
         if self.partition is not None:
-            ctx.save_progress({_COPIED_INTO: session.index.reference()})
+            into = session.index.reference()
+            ctx.logger.debug("elasticsearch: {} copied into {}", self.lease_name, into)
+            ctx.save_progress({_COPIED_INTO: into})
