@@ -11,6 +11,8 @@ import errno
 import json
 import os
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
@@ -178,6 +180,35 @@ def config_path(args: argparse.Namespace, environ: Mapping[str, str]) -> str | N
     return getattr(args, "config", None) or environ.get("SINGLETON_CONFIG") or None
 
 
+#: Seconds past the replica's stop deadline that the interpreter's exit may take (it joins the
+#: threads still running: a sink's request that will never be answered would hold it).
+EXIT_GRACE = 0.3
+#: Set by ``run`` once its replica stopped: the command's process exits by then (:func:`entry`).
+_exit_deadline: float | None = None
+
+
+def _exit_by(deadline: float, code: int) -> None:
+    """Let the interpreter exit as usual, but not past ``deadline`` (monotonic): then end the
+    process with ``code``. What was still in flight is unacknowledged: the successor replays
+    it, and the lease was already released."""
+
+    def force() -> None:
+        logger.warning(
+            "exiting without waiting for {} thread(s) still waiting on a sink or store"
+            " (shutdown_timeout): what they had in flight is unacknowledged, the successor"
+            " replays it",
+            threading.active_count() - 1,
+        )
+        logger.complete()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), force)
+    timer.daemon = True  # (runs while the interpreter joins the others at its exit)
+    timer.start()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from singleton.service.assembly import warn_world_readable
     from singleton.service.logs import setup_logging
@@ -197,10 +228,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigurationError(_unservable(config.metrics_address, exc)) from None
         logger.info("serving /metrics, /healthz, /readyz and /status at {}", metrics.url)
     try:
-        return replica.run()
+        code = replica.run()
     finally:
         if metrics is not None:
             metrics.stop()
+    global _exit_deadline
+    if replica.stop_deadline is not None:  # shutdown_timeout holds, through the exit too
+        _exit_deadline = replica.stop_deadline + EXIT_GRACE
+    return code
 
 
 def _unservable(address: str, exc: OSError) -> str:
@@ -366,5 +401,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The ``singleton`` command: :func:`main`, then an exit that ``run``'s deadline bounds
+    (:func:`main` alone, called in-process, never ends the process)."""
+    code = main()
+    if _exit_deadline is not None:
+        _exit_by(_exit_deadline, code)
+    raise SystemExit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

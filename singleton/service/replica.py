@@ -86,6 +86,8 @@ class Replica:
         self._own_backend = backend is None
         self.backend = backend or make_backend(config)
         self._stop = threading.Event()
+        #: When :meth:`stop` must be over (monotonic; set when it starts).
+        self.stop_deadline: float | None = None
         self.started_at: float | None = None
         self.hosted: list[Hosted] = []
         self.switches = switches or TestSwitches()
@@ -260,6 +262,14 @@ class Replica:
         logger.info("replica {} stopped in {:.3f}s", self.identity, time.monotonic() - t0)
 
     def _stop_all(self) -> None:
+        # One deadline for the whole stop, whatever the sink does (a bulk request that will
+        # never be answered included): what is still in flight then is unacknowledged, and the
+        # successor replays it. The CLI does not wait past it either (:attr:`stop_deadline`).
+        end = self.stop_deadline = time.monotonic() + self.config.shutdown_timeout
+
+        def left() -> float:
+            return max(0.05, end - time.monotonic())
+
         if self.balancer is not None:  # leave first: the others' shares grow before we release
             self.balancer.stop(self.config.shutdown_timeout)
         threads = [
@@ -271,9 +281,9 @@ class Replica:
         for t in threads:
             t.start()
         for t in threads:
-            t.join(self.config.shutdown_timeout)
+            t.join(left())
         for h in self.hosted:
-            h.runner.stop()
+            h.runner.stop(timeout=left())
         if self.checkpoints is not None:
             self.checkpoints.close()
         if self.mongo is not None:

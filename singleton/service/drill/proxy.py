@@ -35,12 +35,24 @@ class TcpProxy:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
+        self._clients: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._spawn(self._accept, "accept")
 
     def blackhole(self) -> None:
         """Stop forwarding in both directions (and stop accepting), keeping every socket open."""
         self._flowing.clear()
+
+    def held(self) -> int:
+        """How many client connections have sent something that is not forwarded (a request
+        held while black-holed): a test's signal that a request is in flight."""
+        with self._lock:
+            clients = [c for c in self._clients if c.fileno() >= 0]
+        try:
+            ready, _, _ = select.select(clients, [], [], 0)
+        except (OSError, ValueError):
+            return 0
+        return len(ready)
 
     def refuse(self, answer: bytes) -> None:
         """Drop every open connection and answer each new one with ``answer``, then close it."""
@@ -53,7 +65,7 @@ class TcpProxy:
 
     def _drop_all(self) -> None:
         with self._lock:
-            sockets, self._sockets = self._sockets, []
+            sockets, self._sockets, self._clients = self._sockets, [], []
         for s in sockets:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
@@ -70,6 +82,7 @@ class TcpProxy:
                 with contextlib.suppress(OSError):
                     s.close()
             self._sockets.clear()
+            self._clients.clear()
 
     def __enter__(self) -> TcpProxy:
         return self
@@ -112,6 +125,7 @@ class TcpProxy:
                 s.settimeout(5)  # a peer that never reads must not wedge a pump forever
             with self._lock:
                 self._sockets += [client, upstream]
+                self._clients.append(client)
             self._spawn(self._pump, "pump", client, upstream)
 
     @staticmethod
