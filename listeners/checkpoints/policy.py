@@ -217,11 +217,15 @@ class CheckpointPolicy:
     def opened(self, token: Any, at_time: Timestamp | None) -> None:
         """A stream was opened (the sink holds nothing of an earlier one: the tenure flushed
         it); ``at_time`` when it is a fresh one, whose start is saved before anything is handled
-        (a successor must never start from a later "now")."""
+        (a successor must never start from a later "now").
+
+        An acknowledged position not saved yet is kept: the stream reopened right after it
+        (:meth:`resume_position`), and should this stream fail before its first batch, the next
+        one must start there too, not at the older saved checkpoint (which would replay every
+        event acknowledged since)."""
         self.in_flight.clear()
-        self._acknowledged, self._last_save = None, self._clock.monotonic()
         if at_time is not None:
-            self.save(token, at_time)
+            self.moved(token, at_time)
 
     def handed(self, events: int, answer: int | None) -> None:
         """The sink returned ``answer`` from a ``handle_batch`` of ``events`` events."""
@@ -305,6 +309,13 @@ class CheckpointPolicy:
 
     def _save_acknowledged(self, token: Any, fallback: Timestamp | None) -> None:
         self.save(token, fallback)
+        self._acknowledged, self._last_save = None, self._clock.monotonic()
+
+    def moved(self, token: Any, at: Timestamp | None, *, start_after: bool = False) -> None:
+        """The stream goes on from a new place (after a copy, past lost history or an
+        invalidate): save it; the acknowledged position before it is no longer where a reopened
+        stream starts."""
+        self.save(token, at, start_after=start_after)
         self._acknowledged, self._last_save = None, self._clock.monotonic()
 
     def save(self, token: Any, fallback: Timestamp | None, *, start_after: bool = False) -> None:

@@ -486,7 +486,7 @@ class TenureWorker:
         self.ctx.check()
         self._settings.listener.on_invalidate(event, self.ctx)
         self._policy.require_acknowledged()
-        self._policy.save(event["_id"], event_time(event), start_after=True)
+        self._policy.moved(event["_id"], event_time(event), start_after=True)
         return StartPosition(start_after=event["_id"])
 
     def _sync(self, why: str, because: str | None = None) -> StartPosition:
@@ -504,7 +504,7 @@ class TenureWorker:
             with self._bounded():
                 self.ctx.begin_resync(because)
         self._settings.listener.initial_sync(self.ctx)
-        self._policy.save(None, at)
+        self._policy.moved(None, at)
         if because is not None:
             with self._bounded():
                 self.ctx.end_resync()
@@ -597,7 +597,7 @@ class TenureWorker:
         now = self._cluster_time()
         with self._bounded():
             self._settings.dead_letters.record_gap(self.ctx, since, now, what)
-        self._policy.save(None, now)
+        self._policy.moved(None, now)
         return StartPosition(at_time=now)
 
     def _reconnect_wait(self, stage: Stage, exc: BaseException, delay: float) -> None:

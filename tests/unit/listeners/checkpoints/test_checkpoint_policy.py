@@ -173,3 +173,41 @@ def test_in_flight_counts_per_call_and_never_acknowledges_more_than_was_handed()
     ledger.handed(1, 0)
     with pytest.raises(SingletonError, match="acknowledged 2 events, but only 1"):
         ledger.answered(2)
+
+
+def test_a_reopened_stream_that_fails_before_its_first_batch_resumes_where_it_opened() -> None:
+    """A stream reopened after the last acknowledged (unsaved) position fails again before it
+    delivers anything: the next reopen starts there too, not at the older saved checkpoint
+    (that would replay every event acknowledged since the last save)."""
+    scene = _Scene(interval=60.0)
+    policy = scene.policy
+    policy.opened(_token(10), Timestamp(10, 0))  # saved: the checkpoint stays at 10
+    for t in range(11, 20):
+        scene.batch(t)
+        policy.after_batch()
+    assert scene.times() == [10]
+    at = policy.resume_position(None)  # type: ignore[arg-type]  # the first failure
+    assert at.resume_after == _token(19, 1)
+    policy.reload()
+    policy.opened(_token(19, 1), None)  # reopened there; it fails before its first batch
+    policy.reload()
+    assert policy.resume_position(None).resume_after == _token(19, 1)  # type: ignore[arg-type]
+    scene.batch(20)  # and it goes on from there
+    assert policy.resume_position(None).resume_after == _token(20, 1)  # type: ignore[arg-type]
+    policy.salvage()
+    assert scene.times() == [10, 20]
+
+
+def test_a_stream_moved_elsewhere_never_reopens_at_what_was_acknowledged_before() -> None:
+    """After a copy, a skip past lost history or an invalidate, the stream goes on from the new
+    place: a reopen before its first batch starts there, never at the earlier acknowledged
+    position (for lost history, that position is gone; for a copy, it is behind it)."""
+    scene = _Scene(interval=60.0)
+    policy = scene.policy
+    policy.opened(_token(10), Timestamp(10, 0))
+    scene.batch(11)
+    policy.moved(None, Timestamp(30, 0))  # e.g. a resync that copied up to 30
+    policy.opened(None, None)
+    policy.reload()
+    assert policy.resume_position(None).at_time == Timestamp(30, 0)  # type: ignore[arg-type]
+    assert scene.times() == [10, 30]
