@@ -39,7 +39,12 @@ def live_index(index: IndexKeeper, alias: str, part: Partition, ctx: ListenerCon
     what this partition's writes must land in from here on."""
     index.forget(alias)
     deadline = ctx.clock.monotonic() + CREATE_WAIT
-    while not index.watch_alias(alias) and not index.exists(alias):
+    while not index.watch_alias(alias):
+        if index.exists(alias):
+            # A plain index of an earlier version, or the alias another partition created
+            # just now (after the look above): then what it points to is the reference too.
+            index.watch_alias(alias)
+            break
         if part.index == 0:
             index.fresh(alias, ctx, with_alias=True)
             index.watch_alias(alias)
