@@ -74,7 +74,7 @@ from listeners.elasticsearch.shape.copy import ShapedCopy
 from listeners.elasticsearch.shape.items import CollectionCounts, ShapedItems
 from listeners.elasticsearch.shape.relate import Joiner
 from listeners.elasticsearch.transport import Transport, describe, make_transport
-from listeners.elasticsearch.versioning import EventVersioner, first_seq_at
+from listeners.elasticsearch.versioning import EventVersioner, first_seqs
 from listeners.elasticsearch.window import BulkWindow
 from singleton.drivers import mongo
 from singleton.errors import ConfigurationError, SinkLostError
@@ -378,7 +378,7 @@ class ElasticsearchSync(ChangeStreamListener):
                 lambda key: coll.find_one({"_id": key}),
                 versioned=writer.versioned,
             ),
-            versioner=EventVersioner(lambda ts: first_seq_at(client, ts)),
+            versioner=EventVersioner(lambda ts, after: first_seqs(client, ts, after)),
             pipelined=pipelined,
             shaped=self._shaped_items(ctx, transport, keeper, window, on_dead, writer.versioned),
         )

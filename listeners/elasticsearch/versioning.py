@@ -23,7 +23,11 @@ replay by a deposed leader), so it is read from the event's resume token, never 
   and carry ``txnOpIndex`` directly (:func:`keystring_txn_op_index`).
 * Servers whose tokens are a BSON document with a global oplog sequence ``s`` (SecantusDB) give
   the position as ``s`` minus the sequence of the transaction's first oplog entry; that anchor is
-  a fact of the oplog, looked up once per transaction (:class:`EventVersioner`).
+  a fact of the oplog, looked up once per transaction (:class:`EventVersioner`), by reading a
+  cluster-wide change stream on from the resume token of an earlier event (a seek by sequence;
+  :func:`first_seqs`). Only without such a token is the stream opened at the cluster time: on
+  SecantusDB that decodes its whole oplog under its storage lock, which, once per transaction
+  and stream, had stalled every client of a busy server for seconds.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import bson
+import pymongo.errors
 from bson.timestamp import Timestamp
 
 from listeners.stream.tokens import TOKEN_S_INT32, TOKEN_T_STAMP, event_time, token_clock
@@ -51,8 +56,15 @@ MAX_INCREMENT = (1 << INCREMENT_BITS) - 1
 MAX_POSITION = (1 << POSITION_BITS) - 1
 MAX_VERSION = (1 << 63) - 1
 
-#: Looks up the oplog sequence of the first entry at a cluster time (``None`` if unknown).
-AnchorLookup = Callable[[Timestamp], "int | None"]
+#: Looks up the oplog sequence of the first change event at a cluster time ``ts``; given
+#: ``after``, the resume token of an earlier event, it may read on from there, and answer for
+#: the transactions' cluster times it passed too: ``{cluster time: first sequence}`` (without
+#: ``ts`` if unknown).
+AnchorLookup = Callable[[Timestamp, "Mapping[str, Any] | None"], "Mapping[Timestamp, int]"]
+
+#: At most this many events are read on from an earlier token to find an anchor; past them,
+#: the stream is opened at the cluster time instead.
+ANCHOR_READ_LIMIT = 5000
 
 
 def encode(seconds: int, increment: int, position: int = 0) -> int:
@@ -206,6 +218,8 @@ class EventVersioner:
         self._anchor = anchor
         self._cache: OrderedDict[Timestamp, int] = OrderedDict()
         self._cache_size = cache_size
+        #: The resume token of the last event versioned: where an anchor lookup reads on from.
+        self._earlier: Any = None
 
     def version(self, event: Mapping[str, Any], ts: Timestamp | None = None) -> int:
         """``event``'s version; ``ts``: its cluster time when the caller has it already (else
@@ -215,8 +229,11 @@ class EventVersioner:
         if plain and type(token) is dict:  # (the commonest case first: see plain_version)
             version = plain_version(token.get("_data"))
             if version >= 0:
+                self._earlier = token
                 return version
-        return self._version(event, ts)
+        version = self._version(event, ts)
+        self._earlier = token
+        return version
 
     def _version(self, event: Mapping[str, Any], ts: Timestamp | None) -> int:
         """:meth:`version` for every other event (and every error)."""
@@ -264,14 +281,80 @@ class EventVersioner:
                 raise VersionOverflowError(
                     "transaction events with BSON resume tokens need an anchor lookup"
                 )
-            found = self._anchor(ts)
-            first = seq if found is None else min(found, seq)
+            found = self._anchor(ts, self._before(ts))
+            for at, known in found.items():
+                self._cache.setdefault(at, known)
+            anchor = found.get(ts)
+            first = seq if anchor is None else min(anchor, seq)
             self._cache[ts] = first
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(ts)
         return first
+
+    def _before(self, ts: Timestamp) -> Mapping[str, Any] | None:
+        """The last versioned event's resume token if it is a BSON one from before ``ts``."""
+        token = self._earlier
+        raw = token.get("_data") if isinstance(token, Mapping) else None
+        try:
+            doc = _bson_token(bytes.fromhex(raw)) if isinstance(raw, str) else None
+        except ValueError:
+            return None
+        at = None if doc is None else doc.get("t")
+        return token if isinstance(at, Timestamp) and at < ts else None
+
+
+def first_seqs(
+    client: Any,
+    ts: Timestamp,
+    after: Mapping[str, Any] | None = None,
+    *,
+    limit: int = ANCHOR_READ_LIMIT,
+) -> dict[Timestamp, int]:
+    """:data:`AnchorLookup` on ``client``: read on from ``after`` if given and still resumable
+    (the transactions' cluster times passed on the way are answered too), else open the stream
+    at ``ts`` (:func:`first_seq_at`)."""
+    if after is not None:
+        try:
+            found = _read_on(client, ts, after, limit)
+        except pymongo.errors.PyMongoError:
+            found = None  # (e.g. no longer in the oplog): the seek below
+        if found is not None:
+            return found
+    seq = first_seq_at(client, ts)
+    return {} if seq is None else {ts: seq}
+
+
+def _read_on(
+    client: Any, ts: Timestamp, after: Mapping[str, Any], limit: int
+) -> dict[Timestamp, int] | None:
+    """The first sequence of each transaction's cluster time a cluster-wide stream resumed after
+    ``after`` (an event before ``ts``) passes, up to ``ts``; ``None`` if it does not get there
+    within ``limit`` events. Every event after ``after`` is seen, so the first one seen at a
+    later cluster time is the first there."""
+    found: dict[Timestamp, int] = {}
+    empty = 0
+    with client.watch(resume_after=after, max_await_time_ms=200) as stream:
+        for _ in range(limit):
+            event = stream.try_next()
+            if event is None:
+                empty += 1
+                if empty >= 10:  # the events at ``ts`` exist: a stream that does not get
+                    return None  # there is not reading what this expects
+                continue
+            at = event_time(event)
+            doc = _bson_token(_token_bytes(event))
+            seq = None if doc is None else doc.get("s")
+            if at is None or not isinstance(seq, int):
+                return None
+            if at >= ts:
+                if at == ts:
+                    found[ts] = seq
+                return found
+            if "txnNumber" in event:
+                found.setdefault(at, seq)
+    return None
 
 
 def first_seq_at(client: Any, ts: Timestamp) -> int | None:

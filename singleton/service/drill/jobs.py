@@ -9,9 +9,11 @@ then requires, whatever the faults:
 * the job ran (in every drill);
 * every fire time between the first and the last recorded ran, unless a fault could lose the
   claims or move a leader's wall clock (``lease-wipe``, ``redis-restart``,
-  ``sentinel-failover``, ``clock-jump``), or stops every replica for longer than the job's
-  ``misfire_grace`` (``history-loss``: no replica runs while the oplog is flooded): those skip
-  fire times by design (never double them), so there it is only counted.
+  ``sentinel-failover``, ``clock-jump``), stops every replica for longer than the job's
+  ``misfire_grace`` (``history-loss``: no replica runs while the oplog is flooded), or holds
+  the store past the renew deadline right after a claim (``redis-pause``: the leader, no longer
+  sure of its lease, does not make the call, and the claim stays): those skip fire times by
+  design (never double them), so there it is only counted.
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ EVERY_MS = 1000
 RECORD_ENV = "DRILL_JOB_FILE"
 #: Faults after which missing fire times are expected (skipped, never doubled).
 SKIPPING_KINDS = frozenset(
-    {"lease-wipe", "redis-restart", "sentinel-failover", "clock-jump", "history-loss"}
+    {
+        "lease-wipe",
+        "redis-restart",
+        "redis-pause",
+        "sentinel-failover",
+        "clock-jump",
+        "history-loss",
+    }
 )
 
 

@@ -65,17 +65,7 @@ def drill(tmp_path: Path, *args: str, timeout: float = 200) -> tuple[int, dict[s
 @pytest.mark.parametrize(
     ("backend", "listeners", "partitions"),
     [
-        pytest.param(
-            "redis",
-            2,
-            2,
-            marks=pytest.mark.xfail(
-                reason="known gap (closing note of stop 38): after redis-pause 1.2 s the new"
-                " leaders' change-stream reads on SecantusDB time out past the 9.5 s bound in"
-                " most runs since 2026-12-03, at commits before and after this stop's changes",
-                strict=False,
-            ),
-        ),
+        ("redis", 2, 2),
         ("mongo", 1, 1),
     ],
 )

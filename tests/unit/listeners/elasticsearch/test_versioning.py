@@ -4,6 +4,8 @@ the same for the same event however often it is delivered."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
+from typing import Any
 
 import bson
 import pytest
@@ -78,6 +80,11 @@ def test_keystring_txn_op_index(secs: int, inc: int, idx: int, token_version: in
     assert v.keystring_txn_op_index(bytes.fromhex(token)) == idx
 
 
+def _lookup(anchors: Mapping[Timestamp, int]) -> v.AnchorLookup:
+    """An anchor lookup answering from ``anchors`` for the cluster time asked, alone."""
+    return lambda ts, after: {ts: anchors[ts]} if ts in anchors else {}
+
+
 def secantus_event(seq: int, ts: Timestamp, txn: bool) -> dict[str, object]:
     data = bson.encode({"s": seq, "t": ts, "n": "db.c", "k": {"_id": seq}}).hex()
     event: dict[str, object] = {"_id": {"_data": data}, "clusterTime": ts}
@@ -106,10 +113,10 @@ def test_versions_of_a_stream_increase_and_survive_a_mid_transaction_resume(
         for _ in range(size):
             events.append(secantus_event(seq, ts, txn=size > 1))
             seq += 1
-    full = [v.EventVersioner(anchors.get).version(e) for e in events]
+    full = [v.EventVersioner(_lookup(anchors)).version(e) for e in events]
     assert all(a < b for a, b in itertools.pairwise(full))
     cut = data.draw(st.integers(0, len(events) - 1))
-    resumed = v.EventVersioner(anchors.get)
+    resumed = v.EventVersioner(_lookup(anchors))
     assert [resumed.version(e) for e in events[cut:]] == full[cut:]
 
 
@@ -137,8 +144,8 @@ def test_an_event_without_cluster_time_gets_the_same_version_from_its_token(
         event = {"_id": {"_data": keystring_token(ts, seq % 5)}, "clusterTime": ts}
         if txn:
             event["txnNumber"] = 1
-    with_time = v.EventVersioner({ts: seq - seq % 7}.get).version(event)
-    assert v.EventVersioner({ts: seq - seq % 7}.get).version(without_cluster_time(event)) == (
+    with_time = v.EventVersioner(_lookup({ts: seq - seq % 7})).version(event)
+    assert v.EventVersioner(_lookup({ts: seq - seq % 7})).version(without_cluster_time(event)) == (
         with_time
     )
     assert v.decode(with_time)[:2] == (secs, inc)
@@ -147,3 +154,28 @@ def test_an_event_without_cluster_time_gets_the_same_version_from_its_token(
 def test_an_event_with_neither_cluster_time_nor_a_known_token_is_refused() -> None:
     with pytest.raises(VersionOverflowError, match="no clusterTime"):
         v.EventVersioner().version({"_id": {"_data": "00ff"}})
+
+
+def test_an_anchor_is_looked_up_from_the_previous_event_and_what_it_passed_is_kept() -> None:
+    """Each lookup gets the resume token of the event versioned before (from an earlier cluster
+    time), to read on from there; the transactions' anchors it reports on the way are cached,
+    so the next transaction asks nothing."""
+    t0, t1, t2 = (Timestamp(v.EPOCH + 50, i) for i in (1, 2, 3))
+    calls: list[tuple[Timestamp, object]] = []
+
+    def lookup(ts: Timestamp, after: Mapping[str, Any] | None) -> Mapping[Timestamp, int]:
+        calls.append((ts, after))
+        return {t1: 11, t2: 20}
+
+    versioner = v.EventVersioner(lookup)
+    plain = secantus_event(10, t0, txn=False)
+    first = [secantus_event(11, t1, txn=True), secantus_event(12, t1, txn=True)]
+    second = [secantus_event(20, t2, txn=True), secantus_event(21, t2, txn=True)]
+    versions = [versioner.version(e) for e in [plain, *first, *second]]
+    assert calls == [(t1, plain["_id"])]
+    assert [v.decode(x)[2] for x in versions] == [0, 0, 1, 0, 1]
+    # No earlier event, or one not from an earlier cluster time: no token to read on from.
+    alone = v.EventVersioner(lookup)
+    alone.version(first[1])
+    alone.version(secantus_event(30, Timestamp(v.EPOCH + 60, 1), txn=True))
+    assert calls[1:] == [(t1, None), (Timestamp(v.EPOCH + 60, 1), first[1]["_id"])]
