@@ -9,22 +9,34 @@ regress a newer document), and replays only its own events of the copy window. P
 creates the index (behind the alias) when there is none; the others wait for it, retrying as
 for an unavailable sink.
 
-The price of copying in place: a document of that partition deleted while its history was lost
-(the case a resync exists for) stays in the index. ``singleton verify --repair`` removes it.
+Copying in place leaves behind what the copy did not write: a document of that partition
+deleted while its history was lost (the case a resync exists for), or one that a changed filter
+now keeps out. So after its copy a partition sweeps its share of the index (:func:`sweep`): every
+one of its documents older than the copy (an external version below the copy's first cluster
+time: neither the copy nor any event since wrote it) is deleted at that version, which anything
+newer still beats.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from listeners.stream.partition import Partition
-from singleton.errors import SinkUnavailableError
+from bson.timestamp import Timestamp
+
+from listeners.elasticsearch.bulk import BulkItem, BulkWriter
+from listeners.elasticsearch.copy import copy_version
+from listeners.elasticsearch.transport import path_index
+from listeners.stream.partition import Partition, partition_of
+from singleton.drivers import mongo
+from singleton.errors import SinkError, SinkUnavailableError
 
 if TYPE_CHECKING:
     from listeners.base import ChangeEvent, ListenerContext
     from listeners.elasticsearch.index import IndexKeeper
+    from listeners.elasticsearch.transport import Transport
 
 
 #: Seconds a partition's copy waits for partition 0 to create a missing index before it
@@ -100,3 +112,105 @@ class SharedSources(Partition):
         if (event.get("ns") or {}).get("coll") in self.sources:
             return True
         return super().owns(event)
+
+
+#: Documents read per scroll page, and deletes per bulk request, by :func:`sweep`.
+SWEEP_PAGE = 1000
+
+
+def sweep_bound(ctx: ListenerContext) -> Timestamp:
+    """Before a partition's copy: a cluster time no later than the one its copy versions its
+    documents with (the first attempt's, for a copy resumed; see :mod:`.copy`)."""
+    now = mongo.cluster_time(ctx.client)
+    start = (ctx.load_progress() or {}).get("start_time")
+    if isinstance(start, list) and len(start) == 2:
+        return min(now, Timestamp(*start))
+    return now
+
+
+def _same(version: int) -> int:
+    return version
+
+
+@dataclass(frozen=True)
+class Share:
+    """What :func:`sweep` needs of a listener: the ``aliases`` it writes; ``key_of(alias,
+    es_id)``, a document's MongoDB ``_id`` (``ValueError``: not one of its documents, left
+    alone); ``delete(index, es_id, version, routing)``, a delete action; ``index_version``,
+    which maps a version to one below every write at or after it and above every write before
+    it (a shaped index's: :func:`.shape.collections.moved_version`)."""
+
+    aliases: Sequence[str]
+    key_of: Callable[[str, str], Any]
+    delete: Callable[[str, str, int, str | None], bytes]
+    index_version: Callable[[int], int] = _same
+
+
+def sweep(
+    ctx: ListenerContext,
+    transport: Transport,
+    writer: BulkWriter,
+    part: Partition,
+    bound: Timestamp,
+    share: Share,
+) -> int:
+    """After partition ``part``'s copy (begun at or after ``bound``): delete each of its
+    documents whose version is below ``share.index_version(copy_version(bound))`` - what the
+    copy left behind - at that version. Returns how many it deleted."""
+    below = share.index_version(copy_version(bound))
+    session = writer.session(ctx.check, ctx.leadership.wait_lost)
+    swept = 0
+    for alias in share.aliases:
+        held = _versions(transport, alias)
+        ctx.logger.debug(
+            "elasticsearch: sweeping {} for partition {}: {} documents, {} below version {}",
+            alias,
+            part.index,
+            len(held),
+            sum(v < below for _, _, v in held),
+            below,
+        )
+        for es_id, routing, version in held:
+            try:
+                key = share.key_of(alias, es_id)
+            except ValueError:
+                continue
+            if version >= below or partition_of(key, part.count) != part.index:
+                continue
+            made = share.delete(alias, es_id, below, routing)
+            session.add(BulkItem("delete", alias, es_id, below, None, {"op": "sweep"}, made))
+            swept += 1
+    session.finish()
+    if swept:
+        ctx.logger.info(
+            "elasticsearch: partition {} of {} deleted {} documents its copy left behind "
+            "(older than {})",
+            part.index,
+            part.count,
+            swept,
+            bound,
+        )
+    return swept
+
+
+def _versions(transport: Transport, alias: str) -> list[tuple[str, str | None, int]]:
+    """``(_id, _routing, _version)`` of every document behind ``alias`` (refreshed first)."""
+    name = path_index(alias)
+    status, _ = transport.request("POST", f"/{name}/_refresh")
+    if status == 404:
+        return []
+    query = {"size": SWEEP_PAGE, "_source": False, "version": True, "sort": ["_doc"]}
+    status, body = transport.request(
+        "POST", f"/{name}/_search?scroll=2m", json.dumps(query).encode()
+    )
+    out: list[tuple[str, str | None, int]] = []
+    while True:
+        if status != 200 or not isinstance(body, dict):
+            raise SinkError(f"scrolling {alias} for the documents a copy left: HTTP {status}")
+        hits = body["hits"]["hits"]
+        out += [(h["_id"], h.get("_routing"), int(h.get("_version", 0))) for h in hits]
+        scroll_id = body.get("_scroll_id")
+        if not hits or not scroll_id:
+            return out
+        more = json.dumps({"scroll": "2m", "scroll_id": scroll_id}).encode()
+        status, body = transport.request("POST", "/_search/scroll", more)

@@ -53,6 +53,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from bson.timestamp import Timestamp
+
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext, StopReason
 from listeners.deadletters import DeadLetterStore
 from listeners.elasticsearch import fragments, partitioned
@@ -66,12 +68,14 @@ from listeners.elasticsearch.documents import (
     resolve_transform,
 )
 from listeners.elasticsearch.documents import index_name as make_index_name
+from listeners.elasticsearch.ids import bson_id_of
 from listeners.elasticsearch.index import IndexKeeper
 from listeners.elasticsearch.items import ItemMaker
 from listeners.elasticsearch.shape import stream as shaped_stream
-from listeners.elasticsearch.shape.collections import Shape, parse_shape
+from listeners.elasticsearch.shape.collections import Shape, moved_version, parse_shape
 from listeners.elasticsearch.shape.copy import ShapedCopy
 from listeners.elasticsearch.shape.items import CollectionCounts, ShapedItems
+from listeners.elasticsearch.shape.items import lines as shaped_lines
 from listeners.elasticsearch.shape.relate import Joiner
 from listeners.elasticsearch.transport import Transport, describe, make_transport
 from listeners.elasticsearch.versioning import EventVersioner, first_seqs
@@ -84,6 +88,8 @@ from singleton.retry import Backoff
 _COPIED = {"op": "initial_sync"}
 #: The progress key under which a partition keeps what its last copy went into.
 _COPIED_INTO = "copied_into"
+#: ... and the digest of the rules that built each alias it copied into (a shaped partition).
+_COPIED_SHAPE = "copied_shape"
 _POSITIVE_INTEGERS = (
     "bulk_actions",
     "bulk_bytes",
@@ -496,7 +502,7 @@ class ElasticsearchSync(ChangeStreamListener):
         partition, an index replaced since its last copy (:meth:`_replaced`)."""
         shape, session = self._shape, self._session_for(ctx)
         if self.partition is not None:
-            return self._replaced(session, ctx)
+            return self._replaced(session, ctx) or self._reshaped(ctx)
         if shape is None:
             return None
         for alias in sorted(shape.indexes):
@@ -534,6 +540,25 @@ class ElasticsearchSync(ChangeStreamListener):
                     f"index {alias} points to other indexes (now {', '.join(sorted(now))}) than"
                     f" this partition copied into ({', '.join(sorted(then))}, by index.uuid):"
                     " it was replaced while this partition did not run"
+                )
+        return None
+
+    def _reshaped(self, ctx: ListenerContext) -> str | None:
+        """A resumed shaped partition's: why its share was copied by other rules than the
+        configured ones (its copy recorded their digest), or ``None``. Its resync copies its
+        share again in place and sweeps what the new rules keep out."""
+        shape = self._shape
+        if shape is None:
+            return None
+        then = (ctx.load_progress() or {}).get(_COPIED_SHAPE)
+        if not isinstance(then, dict):
+            return None  # (no copy recorded by this version: the index's _meta is not its own)
+        for alias in sorted(shape.indexes):
+            if then.get(alias) != shape.digest(alias):
+                return (
+                    f"index {alias}: this partition's documents were copied by other rules "
+                    f"({then.get(alias) or 'none'}; now {shape.digest(alias)}): the collections, "
+                    "filters or field rules that feed it changed"
                 )
         return None
 
@@ -731,6 +756,7 @@ class ElasticsearchSync(ChangeStreamListener):
         drop the old index (see :mod:`.index`). Used for the first sync and every resync. A
         partition copies its own documents in place instead (:mod:`.partitioned`)."""
         session = self._session_for(ctx)
+        bound = None if self.partition is None else partitioned.sweep_bound(ctx)
         if session.shaped is not None:
             assert self._shape is not None
             ShapedCopy(
@@ -745,7 +771,7 @@ class ElasticsearchSync(ChangeStreamListener):
                 part=self.partition,
                 before_change=self.full_document_before_change,
             ).run(ctx, session.index, session.writer)
-            self._copied(session, ctx)
+            self._copied(session, ctx, bound)
             return
         index, items, part, alias = session.index, session.items, self.partition, self._index_name
         saved = ctx.load_progress() or {}
@@ -775,13 +801,39 @@ class ElasticsearchSync(ChangeStreamListener):
         if part is None:
             index.swap(alias, target, ctx)
         ctx.save_progress(None)
-        self._copied(session, ctx)
+        self._copied(session, ctx, bound)
 
-    def _copied(self, session: _Session, ctx: ListenerContext) -> None:
-        """A partition's copy is done: keep, beside the checkpoint, which physical indexes it
-        copied into (by ``index.uuid``), so that a later tenure finds out if another
-        partition replaced them meanwhile (:meth:`stale_sink`)."""
-        if self.partition is not None:
-            into = session.index.reference()
-            ctx.logger.debug("elasticsearch: {} copied into {}", self.lease_name, into)
-            ctx.save_progress({_COPIED_INTO: into})
+    def _copied(self, session: _Session, ctx: ListenerContext, bound: Timestamp | None) -> None:
+        """A partition's copy (begun at or after ``bound``) is done: delete what it left behind
+        (:func:`.partitioned.sweep`), and keep, beside the checkpoint, which physical indexes
+        it copied into (by ``index.uuid``) and, shaped, by which rules, so that a later tenure
+        finds out if another partition replaced them meanwhile or the rules changed
+        (:meth:`stale_sink`)."""
+        if self.partition is None or bound is None:
+            return
+        shape, versioned = self._shape, session.writer.versioned
+        if versioned:  # (unversioned, the drill's unsafe mode: no version tells what is old)
+            share = partitioned.Share(
+                sorted(shape.indexes) if shape is not None else [self._index_name],
+                self._key_of,
+                lambda index, es_id, version, routing: shaped_lines(
+                    "delete", index, es_id, version, routing, None
+                ),
+                moved_version if shape is not None else partitioned.Share.index_version,
+            )
+            partitioned.sweep(ctx, session.transport, session.writer, self.partition, bound, share)
+        into = session.index.reference()
+        ctx.logger.debug("elasticsearch: {} copied into {}", self.lease_name, into)
+        record: dict[str, Any] = {_COPIED_INTO: into}
+        if shape is not None:
+            record[_COPIED_SHAPE] = {alias: shape.digest(alias) for alias in sorted(shape.indexes)}
+        ctx.save_progress(record)
+
+    def _key_of(self, alias: str, es_id: str) -> Any:
+        """The MongoDB ``_id`` of document ``es_id`` of ``alias`` (``ValueError``: none)."""
+        if self._shape is not None:
+            return self._shape.source_of_id(alias, es_id)[1]
+        try:
+            return bson_id_of(es_id)
+        except Exception as exc:  # (an id no listener of this kind wrote)
+            raise ValueError(f"not a document id of this listener: {es_id[:80]!r}") from exc

@@ -140,11 +140,6 @@ def parse_kinds(
     for k in kinds:
         if k not in KINDS:
             raise ConfigurationError(f"--faults: unknown fault {k!r}; known: {', '.join(KINDS)}")
-        if k == "history-loss" and partitions > 1:
-            raise ConfigurationError(
-                "--faults: history-loss needs --partitions 1 (a partition resyncs in place and"
-                " keeps what was deleted in the hole until `singleton verify --repair`)"
-            )
         if k in REDIS_KINDS and backend != "redis":
             raise ConfigurationError(f"--faults: {k} needs --backend redis")
         if k in SENTINEL_MIX and not sentinel:

@@ -73,6 +73,19 @@ def _assert_equal(client: Any, es_url: str, listener: ElasticsearchSync) -> None
     assert all(d.mongo_count > 0 for d in diffs.values()), diffs
 
 
+def _wait_equal(client: Any, es_url: str, shape: Any, timeout: float) -> None:
+    """Wait until every index equals the shaped view; else fail with the differences."""
+
+    def equal() -> bool:
+        return all(d.ok for d in compare_shaped(client, es_url, shape).values())
+
+    try:
+        wait_until(equal, timeout, interval=0.5, what="the indexes equal to the shaped view")
+    except Exception:
+        diffs = compare_shaped(client, es_url, shape)
+        raise AssertionError({a: str(d) for a, d in diffs.items()}) from None
+
+
 def test_shaped_copy_stream_and_handover(mongo_url: str, es_url: str, unique: str) -> None:
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
     db = f"sh{unique}"
@@ -234,15 +247,7 @@ def test_partitions_of_a_shaped_listener_share_its_indexes(
         shaped.workload(client, db, 200, rng, ids=150)
         shape = listeners[0].shape
         assert shape is not None
-
-        def equal() -> bool:
-            return all(d.ok for d in compare_shaped(client, es_url, shape).values())
-
-        try:
-            wait_until(equal, 120, interval=0.5, what="both partitions caught up")
-        except Exception:
-            diffs = compare_shaped(client, es_url, shape)
-            raise AssertionError({a: str(d) for a, d in diffs.items()}) from None
+        _wait_equal(client, es_url, shape, 120)
         assert {lst.lease_name for lst in listeners} == {
             f"{db}-search.0-of-2",
             f"{db}-search.1-of-2",
@@ -252,4 +257,51 @@ def test_partitions_of_a_shaped_listener_share_its_indexes(
             runner.stop()
         for listener in listeners:
             listener.close()
+        client.close()
+
+
+def test_a_changed_filter_resyncs_each_partition_and_sweeps_what_it_keeps_out(
+    mongo_url: str, es_url: str, unique: str
+) -> None:
+    """Partitions copy in place: after the orders filter narrows, each resumed partition finds
+    its share copied by other rules, copies it again and deletes what the filter now keeps out
+    (without the check they resume as they were; without the sweep the old orders stay)."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    db = f"pflt{unique}"
+    shaped.seed(client[db], 120, random.Random(5))
+    backend = MemoryLeaseBackend()
+    store = MongoCheckpointStore(client, database=db)
+
+    def run(layout: dict[str, Any] | None, tag: str) -> tuple[ElasticsearchSync, list[Any]]:
+        listeners, runners = [], []
+        for p in range(2):
+            listener = _listener(db, es_url, layout)
+            listener.partition = Partition(p, 2)
+            listeners.append(listener)
+            runners.append(make_runner(mongo_url, db, backend, listener, f"{tag}{p}", store))
+        try:
+            for runner in runners:
+                runner.start()
+            for runner in runners:
+                wait_until(lambda r=runner: r.status()["state"] == "streaming", 120, what="sync")
+            shape = listeners[0].shape
+            assert shape is not None
+            _wait_equal(client, es_url, shape, 60)
+            return listeners[0], [r.status() for r in runners]
+        finally:
+            for runner in runners:
+                runner.stop()
+            for listener in listeners:
+                listener.close()
+
+    try:
+        _, first = run(None, "a")
+        assert [s["sink_lost"] for s in first] == [0, 0]
+        before = client[db].orders.count_documents({"status": {"$ne": "paid"}})
+        assert before > 0  # (the narrower filter keeps some out)
+        layout = shaped.layout(f"{db}-orders")
+        layout["orders"]["filter"] = {"status": "paid"}
+        _, second = run(layout, "b")
+        assert [s["sink_lost"] for s in second] == [1, 1]
+    finally:
         client.close()
