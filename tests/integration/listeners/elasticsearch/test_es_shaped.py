@@ -305,3 +305,56 @@ def test_a_changed_filter_resyncs_each_partition_and_sweeps_what_it_keeps_out(
         assert [s["sink_lost"] for s in second] == [1, 1]
     finally:
         client.close()
+
+
+def tag_customer(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The customers' own transform (named in the layout as ``module:function``): Oslo's
+    customers stay out, the others are tagged."""
+    if doc.get("city") == "Oslo":
+        return None
+    return {**doc, "kind": "customer"}
+
+
+def test_a_collection_transform_applies_to_its_documents_alone_in_copy_and_stream(
+    mongo_url: str, es_url: str, unique: str
+) -> None:
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    db = f"xf{unique}"
+    shaped.seed(client[db], 40, random.Random(9))
+    layout = shaped.layout(f"{db}-orders")
+    layout["customers"]["transform"] = f"{__name__}:tag_customer"
+    listener = _listener(db, es_url, layout)
+    runner = make_runner(
+        mongo_url,
+        db,
+        MemoryLeaseBackend(),
+        listener,
+        "a",
+        MongoCheckpointStore(client, database=db),
+    ).start()
+    http = connect(es_url)
+    try:
+        wait_until(lambda: runner.status()["state"] == "streaming", 120, what="synced")
+        assert listener.shape is not None
+        _wait_equal(client, es_url, listener.shape, 60)  # the copy
+        customers = client[db].customers
+        oslo = customers.find_one({"address.city": "Oslo"})
+        lima = customers.find_one({"address.city": {"$ne": "Oslo"}})
+        assert oslo is not None and lima is not None
+        customers.update_one({"_id": oslo["_id"]}, {"$set": {"address.city": "Lima"}})
+        customers.update_one({"_id": lima["_id"]}, {"$set": {"address.city": "Oslo"}})
+        _caught_up(client, db, listener, es_url)
+        _wait_equal(client, es_url, listener.shape, 60)  # the stream, both ways
+        for key, held in ((oslo["_id"], True), (lima["_id"], False)):
+            status, body = http.request("GET", f"/{db}-customers/_doc/{key}")
+            assert (status == 200) is held, (key, status)
+            if held:
+                assert body["_source"]["kind"] == "customer"
+        status, body = http.request("GET", f"/{db}-orders/_search?size=100")
+        assert status == 200 and body["hits"]["hits"]
+        assert all("kind" not in h["_source"] for h in body["hits"]["hits"])
+    finally:
+        http.close()
+        runner.stop()
+        listener.close()
+        client.close()
