@@ -5,8 +5,11 @@ planned handover, a changed filter that resyncs, and deletes found without pre-i
 from __future__ import annotations
 
 import random
+import re
+import urllib.request
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import quote
 
@@ -21,6 +24,7 @@ from listeners.stream.partition import Partition
 from singleton.errors import ConfigurationError
 from singleton.service.dev.embedded import MongoServer, wait_until
 from singleton.service.drill import shaped
+from singleton.service.metrics import MetricsServer
 from singleton.testing import MemoryLeaseBackend
 from tests.integration import es_support
 from tests.integration.listener_support import make_runner
@@ -358,3 +362,46 @@ def test_a_collection_transform_applies_to_its_documents_alone_in_copy_and_strea
         runner.stop()
         listener.close()
         client.close()
+
+
+def test_metrics_carry_the_collection_of_each_event_and_dead_letter(
+    mongo_url: str, es_url: str, unique: str
+) -> None:
+    """``/metrics`` of a replica hosting a shaped listener that streamed real events: events,
+    dead letters and lag per collection (an ``_id`` over Elasticsearch's 512 bytes is
+    dead-lettered, under its own collection)."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    db = f"met{unique}"
+    shaped.seed(client[db], 10, random.Random(2))
+    listener = _listener(db, es_url)
+    store = MongoCheckpointStore(client, database=db)
+    runner = make_runner(mongo_url, db, MemoryLeaseBackend(), listener, "a", store).start()
+    try:
+        wait_until(lambda: runner.status()["state"] == "streaming", 120, what="synced")
+        for i in range(7):
+            client[db].customers.update_one({"_id": f"c{i}"}, {"$set": {"name": f"n{i}"}})
+        client[db].customers.insert_one({"_id": "x" * 600, "name": "too long an id"})
+        _caught_up(client, db, listener, es_url)  # (one order event)
+        hosted = SimpleNamespace(name="shop", elector=runner.elector, runner=runner)
+        replica = SimpleNamespace(hosted=[hosted], jobs=None, started_at=1.0, problems=list)
+        server = MetricsServer(replica, "127.0.0.1:0").start()
+        try:
+            with urllib.request.urlopen(f"{server.url}/metrics", timeout=5) as reply:
+                body = reply.read().decode()
+        finally:
+            server.stop()
+    finally:
+        runner.stop()
+        listener.close()
+        client.close()
+
+    def sample(name: str, collection: str) -> float:
+        found = re.search(rf'{name}{{collection="{collection}",lease="shop"}} (\S+)', body)
+        assert found, (name, collection, body[-3000:])
+        return float(found.group(1))
+
+    assert sample("singleton_collection_events_total", "customers") == 8
+    assert sample("singleton_collection_events_total", "orders") == 1
+    assert sample("singleton_collection_dead_letters_total", "customers") == 1
+    assert sample("singleton_collection_dead_letters_total", "orders") == 0
+    assert sample("singleton_collection_lag_seconds", "customers") >= 0
