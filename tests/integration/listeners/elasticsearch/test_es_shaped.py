@@ -17,6 +17,7 @@ import pymongo
 import pytest
 
 from listeners.checkpoints.stores import MongoCheckpointStore
+from listeners.deadletters import DeadLetterStore
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.shape.verify import compare_shaped
 from listeners.elasticsearch.transport import connect
@@ -405,3 +406,53 @@ def test_metrics_carry_the_collection_of_each_event_and_dead_letter(
     assert sample("singleton_collection_dead_letters_total", "customers") == 1
     assert sample("singleton_collection_dead_letters_total", "orders") == 0
     assert sample("singleton_collection_lag_seconds", "customers") >= 0
+
+
+#: While true, the customers transform below cannot shape a customer named ``BAD...``.
+REFUSING = {"on": True}
+
+
+def refuse_bad(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """A customers transform that fails on some documents (they are dead-lettered)."""
+    if REFUSING["on"] and str(doc.get("name", "")).startswith("BAD"):
+        raise ValueError("a customer this transform cannot shape")
+    return doc
+
+
+def test_a_shaped_dead_letter_is_replayed_through_its_collections_rules(
+    mongo_url: str, es_url: str, unique: str
+) -> None:
+    """A customer its collection's transform cannot shape is dead-lettered with the reason;
+    once the rules can, ``dead-letters replay`` (the store's request) re-delivers it and it is
+    indexed as the rules shape it, with no other event for it in between."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    db = f"dlr{unique}"
+    shaped.seed(client[db], 10, random.Random(4))
+    layout = shaped.layout(f"{db}-orders")
+    layout["customers"]["transform"] = f"{__name__}:refuse_bad"
+    REFUSING["on"] = True
+    listener = _listener(db, es_url, layout)
+    store = MongoCheckpointStore(client, database=db)
+    runner = make_runner(mongo_url, db, MemoryLeaseBackend(), listener, "a", store).start()
+    letters = DeadLetterStore(client, database=db)
+    http = connect(es_url)
+    try:
+        wait_until(lambda: runner.status()["state"] == "streaming", 120, what="synced")
+        client[db].customers.insert_one({"_id": "bad", "name": "BAD one", "email": "b@x"})
+        wait_until(lambda: letters.dead_letters.count_documents({}) == 1, 30, what="dead-lettered")
+        [letter] = list(letters.dead_letters.find())
+        assert "cannot shape" in str(letter), letter
+        assert http.request("GET", f"/{db}-customers/_doc/bad")[0] == 404
+        REFUSING["on"] = False
+        assert letters.request_replay(listener.lease_name) == 1
+        wait_until(lambda: letters.dead_letters.count_documents({}) == 0, 30, what="replayed")
+        status, body = http.request("GET", f"/{db}-customers/_doc/bad")
+        assert status == 200 and body["_source"] == {"name": "BAD one", "email": "b@x"}, body
+        assert listener.shape is not None
+        _wait_equal(client, es_url, listener.shape, 30)
+    finally:
+        REFUSING["on"] = False
+        runner.stop()
+        listener.close()
+        http.close()
+        client.close()
