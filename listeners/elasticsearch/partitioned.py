@@ -36,6 +36,7 @@ from singleton.errors import SinkError, SinkUnavailableError
 if TYPE_CHECKING:
     from listeners.base import ChangeEvent, ListenerContext
     from listeners.elasticsearch.index import IndexKeeper
+    from listeners.elasticsearch.shape.collections import Shape
     from listeners.elasticsearch.transport import Transport
 
 
@@ -86,6 +87,67 @@ def resumable(index: IndexKeeper, aliases: Sequence[str], ctx: ListenerContext) 
     if saved and saved.get(INTO) != into:
         ctx.save_progress(None)
     return {INTO: into}
+
+
+#: The progress key under which a partition keeps what its last copy went into (``index.uuid``
+#: by physical index, per alias) ...
+COPIED_INTO = "copied_into"
+#: ... and the digest of the rules that built each alias (a shaped partition).
+COPIED_SHAPE = "copied_shape"
+
+
+def record_copy(index: IndexKeeper, shape: Shape | None, ctx: ListenerContext, name: str) -> None:
+    """A partition's copy is done: keep, beside its checkpoint, which physical indexes it
+    copied into and, shaped, by which rules, so that a later tenure finds out if another
+    partition replaced them meanwhile or the rules changed (:func:`stale_share`)."""
+    into = index.reference()
+    ctx.logger.debug("elasticsearch: {} copied into {}", name, into)
+    record: dict[str, Any] = {COPIED_INTO: into}
+    if shape is not None:
+        record[COPIED_SHAPE] = {alias: shape.digest(alias) for alias in sorted(shape.indexes)}
+    ctx.save_progress(record)
+
+
+def stale_share(
+    index: IndexKeeper, shape: Shape | None, ctx: ListenerContext, name: str
+) -> str | None:
+    """A resumed partition's: why its share must be copied again, or ``None``. Either the
+    indexes its last copy went into are no longer behind their aliases (another partition
+    recreated a deleted index while this one did not run: its own documents are not there), or
+    its copy used other rules than the configured ones (a shaped partition; its resync copies
+    again in place and :func:`sweep` removes what the new rules keep out). What the copy went
+    into stays the reference of this tenure's writes and idle checks (an alias gone now: the
+    first of them tells)."""
+    record = ctx.load_progress() or {}
+    into = record.get(COPIED_INTO)
+    if not isinstance(into, dict) or not into:  # (an earlier version's checkpoint)
+        ctx.logger.info(
+            "elasticsearch: {} resumes with no record of what its last copy went into ({!r})",
+            name,
+            into,
+        )
+        into = {}
+    for alias, then in sorted(into.items()):
+        index.adopt(alias, then)
+        now = index.uuids(alias)
+        ctx.logger.debug("elasticsearch: {} copied into {}, now {}", alias, then, now)
+        if now and now != then:
+            return (
+                f"index {alias} points to other indexes (now {', '.join(sorted(now))}) than"
+                f" this partition copied into ({', '.join(sorted(then))}, by index.uuid):"
+                " it was replaced while this partition did not run"
+            )
+    rules = record.get(COPIED_SHAPE)
+    if shape is None or not isinstance(rules, dict):
+        return None  # (no rules recorded by this version: the index's _meta is not its own)
+    for alias in sorted(shape.indexes):
+        if rules.get(alias) != shape.digest(alias):
+            return (
+                f"index {alias}: this partition's documents were copied by other rules "
+                f"({rules.get(alias) or 'none'}; now {shape.digest(alias)}): the collections, "
+                "filters or field rules that feed it changed"
+            )
+    return None
 
 
 def owner(part: Partition | None) -> Callable[[Any], bool]:

@@ -86,10 +86,6 @@ from singleton.retry import Backoff
 
 #: The origin of copied documents, for their dead-letter records.
 _COPIED = {"op": "initial_sync"}
-#: The progress key under which a partition keeps what its last copy went into.
-_COPIED_INTO = "copied_into"
-#: ... and the digest of the rules that built each alias it copied into (a shaped partition).
-_COPIED_SHAPE = "copied_shape"
 _POSITIVE_INTEGERS = (
     "bulk_actions",
     "bulk_bytes",
@@ -499,10 +495,11 @@ class ElasticsearchSync(ChangeStreamListener):
     def stale_sink(self, ctx: ListenerContext) -> str | None:
         """Why a resumed tenure must rebuild the index first: a shaped index built by other
         rules (its ``_meta`` names another shape, see :mod:`.shape.collections`), or, for a
-        partition, an index replaced since its last copy (:meth:`_replaced`)."""
+        partition, its share copied into a replaced index or by other rules
+        (:func:`.partitioned.stale_share`)."""
         shape, session = self._shape, self._session_for(ctx)
         if self.partition is not None:
-            return self._replaced(session, ctx) or self._reshaped(ctx)
+            return partitioned.stale_share(session.index, shape, ctx, self.lease_name)
         if shape is None:
             return None
         for alias in sorted(shape.indexes):
@@ -514,51 +511,6 @@ class ElasticsearchSync(ChangeStreamListener):
                     f"index {alias} was built by {'another shape' if built else 'no shape'} "
                     f"({built or 'no _meta'}; now {shape.digest(alias)}): the collections, "
                     f"filters or field rules that feed it changed"
-                )
-        return None
-
-    def _replaced(self, session: _Session, ctx: ListenerContext) -> str | None:
-        """A resumed partition's: why the indexes its last copy went into are no longer behind
-        their aliases (another partition recreated a deleted index while this one did not run:
-        its own documents are not there), or ``None``. What the copy went into stays the
-        reference of this tenure's writes and idle checks (an alias gone now: the first of
-        them tells)."""
-        into = (ctx.load_progress() or {}).get(_COPIED_INTO)
-        if not isinstance(into, dict) or not into:
-            ctx.logger.info(
-                "elasticsearch: {} resumes with no record of what its last copy went into ({!r})",
-                self.lease_name,
-                into,
-            )
-            return None  # (no copy recorded: an earlier version's checkpoint)
-        for alias, then in sorted(into.items()):
-            session.index.adopt(alias, then)
-            now = session.index.uuids(alias)
-            ctx.logger.debug("elasticsearch: {} copied into {}, now {}", alias, then, now)
-            if now and now != then:
-                return (
-                    f"index {alias} points to other indexes (now {', '.join(sorted(now))}) than"
-                    f" this partition copied into ({', '.join(sorted(then))}, by index.uuid):"
-                    " it was replaced while this partition did not run"
-                )
-        return None
-
-    def _reshaped(self, ctx: ListenerContext) -> str | None:
-        """A resumed shaped partition's: why its share was copied by other rules than the
-        configured ones (its copy recorded their digest), or ``None``. Its resync copies its
-        share again in place and sweeps what the new rules keep out."""
-        shape = self._shape
-        if shape is None:
-            return None
-        then = (ctx.load_progress() or {}).get(_COPIED_SHAPE)
-        if not isinstance(then, dict):
-            return None  # (no copy recorded by this version: the index's _meta is not its own)
-        for alias in sorted(shape.indexes):
-            if then.get(alias) != shape.digest(alias):
-                return (
-                    f"index {alias}: this partition's documents were copied by other rules "
-                    f"({then.get(alias) or 'none'}; now {shape.digest(alias)}): the collections, "
-                    "filters or field rules that feed it changed"
                 )
         return None
 
@@ -806,9 +758,7 @@ class ElasticsearchSync(ChangeStreamListener):
     def _copied(self, session: _Session, ctx: ListenerContext, bound: Timestamp | None) -> None:
         """A partition's copy (begun at or after ``bound``) is done: delete what it left behind
         (:func:`.partitioned.sweep`), and keep, beside the checkpoint, which physical indexes
-        it copied into (by ``index.uuid``) and, shaped, by which rules, so that a later tenure
-        finds out if another partition replaced them meanwhile or the rules changed
-        (:meth:`stale_sink`)."""
+        it copied into and by which rules (:func:`.partitioned.record_copy`)."""
         if self.partition is None or bound is None:
             return
         shape, versioned = self._shape, session.writer.versioned
@@ -822,12 +772,7 @@ class ElasticsearchSync(ChangeStreamListener):
                 moved_version if shape is not None else partitioned.Share.index_version,
             )
             partitioned.sweep(ctx, session.transport, session.writer, self.partition, bound, share)
-        into = session.index.reference()
-        ctx.logger.debug("elasticsearch: {} copied into {}", self.lease_name, into)
-        record: dict[str, Any] = {_COPIED_INTO: into}
-        if shape is not None:
-            record[_COPIED_SHAPE] = {alias: shape.digest(alias) for alias in sorted(shape.indexes)}
-        ctx.save_progress(record)
+        partitioned.record_copy(session.index, shape, ctx, self.lease_name)
 
     def _key_of(self, alias: str, es_id: str) -> Any:
         """The MongoDB ``_id`` of document ``es_id`` of ``alias`` (``ValueError``: none)."""
