@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,26 @@ def child_environment() -> dict[str, str]:
     """This process's environment without ``SINGLETON_*`` variables: a child replica is
     configured by its own flags and file, never by what leaked from the caller's shell."""
     return {k: v for k, v in os.environ.items() if not k.startswith("SINGLETON_")}
+
+
+class WriteGate:
+    """Lets a reader hold a writer between two writes. The writer wraps each write in
+    ``with gate:``; ``with gate.paused():`` returns once no write is in flight, and no write
+    starts until its block ends (the drill compares index and collection there)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        with self._lock:
+            yield
 
 
 @dataclass
@@ -123,6 +144,8 @@ class Writer:
     failed: int = 0
     transactions: int = 0
     stop_event: threading.Event = field(default_factory=threading.Event)
+    #: held between two writes by ``gate.paused()``
+    gate: WriteGate = field(default_factory=WriteGate)
     #: every id a delete was attempted on (ids are never reused)
     deleted: list[Any] = field(default_factory=list)
     #: (monotonic time, cluster time as (t, i) or None) of each counted write
@@ -136,42 +159,49 @@ class Writer:
         session = None if self.client is None else self.client.start_session()
         try:
             while not self.stop_event.is_set():
-                roll = rng.random()
-                txn = False
-                try:
-                    if self.txn_share and rng.random() < self.txn_share and len(live) >= 20:
-                        txn = True
-                        next_id = self._transaction(session, rng, live, next_id)
-                    elif roll < 0.45 or len(live) < 20:
-                        new_id = mixed_id(next_id)
-                        doc = {"_id": new_id, "sku": f"sku-{rng.randrange(500)}", "qty": 1, "v": 0}
-                        live.append(new_id)
-                        next_id += 1
-                        self.collection.insert_one(doc, session=session)
-                    elif roll < 0.8:
-                        self.collection.update_one(
-                            {"_id": rng.choice(live)}, {"$inc": {"qty": 1, "v": 1}}, session=session
-                        )
-                    elif roll < 0.9:
-                        self.collection.replace_one(
-                            {"_id": rng.choice(live)},
-                            {"sku": "replaced", "qty": rng.randrange(9), "v": -1},
-                            session=session,
-                        )
-                    else:
-                        target = live.pop(rng.randrange(len(live)))
-                        self.deleted.append(target)
-                        self.collection.delete_one({"_id": target}, session=session)
-                    self.ops += 1
-                    self.log.append((time.monotonic(), op_time(session, txn)))
-                except Exception:  # refused or unknown outcome: not counted
-                    self.failed += 1
-                next_at += 1.0 / self.rate
+                with self.gate:
+                    next_id = self._write(session, rng, live, next_id)
+                # (no burst to catch up after a pause or a slow write)
+                next_at = max(next_at + 1.0 / self.rate, time.monotonic())
                 self.stop_event.wait(max(0.0, next_at - time.monotonic()))
             self._last_plain(session, live)
         finally:
             if session is not None:
                 session.end_session()
+
+    def _write(self, session: Any, rng: random.Random, live: list[Any], next_id: int) -> int:
+        """One write of a random kind, counted if it was acknowledged; the next free id."""
+        roll = rng.random()
+        txn = False
+        try:
+            if self.txn_share and rng.random() < self.txn_share and len(live) >= 20:
+                txn = True
+                next_id = self._transaction(session, rng, live, next_id)
+            elif roll < 0.45 or len(live) < 20:
+                new_id = mixed_id(next_id)
+                doc = {"_id": new_id, "sku": f"sku-{rng.randrange(500)}", "qty": 1, "v": 0}
+                live.append(new_id)
+                next_id += 1
+                self.collection.insert_one(doc, session=session)
+            elif roll < 0.8:
+                self.collection.update_one(
+                    {"_id": rng.choice(live)}, {"$inc": {"qty": 1, "v": 1}}, session=session
+                )
+            elif roll < 0.9:
+                self.collection.replace_one(
+                    {"_id": rng.choice(live)},
+                    {"sku": "replaced", "qty": rng.randrange(9), "v": -1},
+                    session=session,
+                )
+            else:
+                target = live.pop(rng.randrange(len(live)))
+                self.deleted.append(target)
+                self.collection.delete_one({"_id": target}, session=session)
+            self.ops += 1
+            self.log.append((time.monotonic(), op_time(session, txn)))
+        except Exception:  # refused or unknown outcome: not counted
+            self.failed += 1
+        return next_id
 
     def _last_plain(self, session: Any, live: list[Any]) -> None:
         """One more update, outside a transaction: the log then ends with an exact cluster

@@ -325,6 +325,21 @@ def _gap_rows(r: dict[str, Any]) -> str:
     )
 
 
+def _bold_if(n: int) -> str:
+    return f"<b>{n}</b>" if n else "0"
+
+
+def _equal_rows(r: dict[str, Any]) -> str:
+    by_kind = (r.get("equal") or {}).get("by_kind", {})
+    return "".join(
+        f"<tr><td>{_esc(k)}</td><td>{e['count']}</td>"
+        f"<td>{_bold_if(e['unequal'])}</td>"
+        f"<td>{_sec(e['p50'])}</td><td>{_sec(e['p99'])}</td><td>{_sec(e['max'])}</td></tr>"
+        for k, e in by_kind.items()
+        if e["count"]
+    )
+
+
 def _balance_rows(bal: dict[str, Any]) -> str:
     return "".join(
         f"<tr><td>{b['index'] + 1}</td><td>{_esc(b['kind'])}</td><td>{_sec(b['seconds'])}</td>"
@@ -391,6 +406,11 @@ height:2px"></i>events indexed/s</span></p>
 <table><tr><th>index</th><th>leases</th><th>documents</th><th>missing</th><th>stale</th>
 <th>resurrected</th><th>extra</th></tr>
 {_listener_rows(r)}</table>
+<h2>Equal index after each fault</h2>
+<p>From the fault's end until every index equals its collection, compared document by document
+with the writer held.</p>
+<table><tr><th>fault</th><th>count</th><th>not equal</th><th>p50</th><th>p99</th><th>max</th></tr>
+{_equal_rows(r)}</table>
 <h2>Balance after each fault</h2>
 <p>Every lease held by a live replica and the leases per live replica within one, from the
 fault's end; bound {_sec(bal["bound"])}.</p>

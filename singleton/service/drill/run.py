@@ -23,8 +23,9 @@ from typing import Any
 
 from loguru import logger
 
+from listeners.elasticsearch.verify import Diff, compare
 from singleton.drivers.mongo import client as mongo_client
-from singleton.service.dev.cluster import Writer
+from singleton.service.dev.cluster import WriteGate, Writer
 from singleton.service.drill import faults as fl
 from singleton.service.drill import shaped
 from singleton.service.drill.balance import (
@@ -39,6 +40,7 @@ from singleton.service.drill.cluster import (
     ClusterSpec,
     DrillCluster,
 )
+from singleton.service.drill.converge import FaultEqual, converge
 from singleton.service.drill.history import AuditTail, Sampler, raw_stream_rate
 from singleton.service.drill.jobs import JOB, check_job
 from singleton.service.drill.verdict import (
@@ -73,6 +75,8 @@ class DrillOptions(ClusterSpec):
     workdir: str | None = None
     #: seconds a leader may take to stream again after a fault (beyond the fault itself)
     recover_timeout: float = 30.0
+    #: seconds an index may take to equal its collection once every listener streams again
+    equal_timeout: float = 30.0
     quiesce_timeout: float = 30.0
 
 
@@ -90,6 +94,7 @@ class Drill:
         self.injected: list[fl.FaultRecord] = []
         self.stalls: list[str] = []
         self.balance: list[FaultBalance] = []
+        self.equal: list[FaultEqual] = []
         self.balance_samples: list[BalanceSample] = []
         #: listener leases that had not streamed again at the last check
         self.lagging: list[str] = []
@@ -188,7 +193,7 @@ class Drill:
         try:
             self.t0 = time.monotonic()
             writer_thread.start()
-            self._inject_schedule(tail, balance)
+            self._inject_schedule(tail, balance, partial(self._diffs, coll), writer.gate)
             self.stop.wait(1.0)
             writer.stop_event.set()
             writer_thread.join(10)
@@ -244,9 +249,16 @@ class Drill:
         )
         self.say(f"  workdir {self.workdir}")
 
-    def _inject_schedule(self, tail: AuditTail, balance: BalanceSampler) -> None:
+    def _inject_schedule(
+        self,
+        tail: AuditTail,
+        balance: BalanceSampler,
+        diffs: Callable[[], list[Diff]],
+        gate: WriteGate,
+    ) -> None:
         """Once every listener streams, each planned fault in turn; stop at the first one after
-        which a listener does not stream again in time."""
+        which a listener does not stream again, or an index does not equal its collection
+        again, in time."""
         injector = fl.Injector(self.cluster, self.stop)
         if not self._await(lambda: self._streaming(tail, 0.0), 90.0):
             self.stalls.append(f"not every listener streamed within 90 s: {self.lagging}")
@@ -257,7 +269,7 @@ class Drill:
             self.stop.wait(fault.settle)
             rec = injector.inject(fault)
             self.injected.append(rec)
-            if not self._recovered(fault, rec, tail):
+            if not self._recovered(fault, rec, tail) or not self._equalled(fault, rec, diffs, gate):
                 break
             self._balanced(balance, fault, rec.end)
 
@@ -283,6 +295,23 @@ class Drill:
             within = f", {fl.PROMOTION_BOUND:.0f}s after the promotion" if promoted else ""
             self.stalls.append(f"fault {fault.index} ({fault.describe()}{within}): {self.lagging}")
         return ok
+
+    def _equalled(
+        self,
+        fault: fl.PlannedFault,
+        rec: fl.FaultRecord,
+        diffs: Callable[[], list[Diff]],
+        gate: WriteGate,
+    ) -> bool:
+        """Hold the writer until every index equals its collection (see :mod:`.converge`);
+        say how long after the fault that was, and whether it was within the bound."""
+        bound = time.monotonic() - rec.end + self.opts.equal_timeout
+        seconds, compares, last = converge(diffs, gate, rec.end, bound, self.stop)
+        entry = FaultEqual(fault.index, fault.kind, seconds, round(bound, 2), compares, last)
+        self.equal.append(entry)
+        took = f"{seconds:.2f}s" if seconds is not None else f"NOT within {bound:.0f}s"
+        self.say(f"           index equal {took} after the fault ({compares} compares)")
+        return entry.ok
 
     def _quiesce(self, tail: AuditTail, writer: AnyWriter) -> None:
         """Wait until every lease of every listener saved a checkpoint at or after the writer's
@@ -313,19 +342,19 @@ class Drill:
                 f" {self.opts.quiesce_timeout:.0f}s; checkpoints at: {reached}"
             )
 
-    def _compare(self, coll: Any) -> list[Any]:
-        """Each listener's index against the collection, retried a few times for the last
-        refresh."""
-        from listeners.elasticsearch.verify import compare
-
+    def _diffs(self, coll: Any) -> list[Diff]:
+        """Each listener's index against the collection (``--shaped``: its shaped view)."""
         c = self.cluster
-        diffs: list[Any] = []
+        if self.opts.shaped:
+            db_client = coll.database.client
+            return [shaped.compare(db_client, DATABASE, c.es_url, self.opts.related)]
+        return [compare(coll, c.es_url, li.index) for li in c.listeners]
+
+    def _compare(self, coll: Any) -> list[Diff]:
+        """:meth:`_diffs`, retried a few times for the last refresh."""
+        diffs: list[Diff] = []
         for _ in range(10):
-            if self.opts.shaped:
-                db_client = coll.database.client
-                diffs = [shaped.compare(db_client, DATABASE, c.es_url, self.opts.related)]
-            else:
-                diffs = [compare(coll, c.es_url, li.index) for li in c.listeners]
+            diffs = self._diffs(coll)
             if all(d.ok for d in diffs):
                 break
             self.stop.wait(0.5)
@@ -340,7 +369,7 @@ class Drill:
         end: float,
         raw: dict[str, Any],
     ) -> dict[str, Any]:
-        v = Verdict(stalls=list(self.stalls), balance=list(self.balance))
+        v = Verdict(stalls=list(self.stalls), balance=list(self.balance), equal=list(self.equal))
         if not diffs:
             v.errors.append("no comparison was made (interrupted?)")
         per_listener = self._count_documents(v, diffs, writer)
@@ -449,6 +478,7 @@ class Drill:
             "balance": v.balance_summary(balance_bound(opts.timings.ttl)),
             "jobs": jobs,
             "gaps": v.gaps_by_kind(opts.kinds),
+            "equal": v.equal_summary(opts.kinds),
             "lag": {**summary(v.lags), "writes": len(v.lags)},
             "raw_stream": raw,
             "oplog_max_entries": opts.oplog_max_entries,

@@ -15,7 +15,7 @@ from typing import Any
 from listeners.elasticsearch.shape.collections import parse_shape
 from listeners.elasticsearch.shape.verify import compare_shaped
 from listeners.elasticsearch.verify import Diff
-from singleton.service.dev.cluster import op_time
+from singleton.service.dev.cluster import WriteGate, op_time
 
 #: ``--related``: each order embeds its customer and its lines (:mod:`listeners.elasticsearch.
 #: shape.relate`); the lines are read by the stream, not indexed.
@@ -182,6 +182,7 @@ class ShapedWriter:
     failed: int = 0
     transactions: int = 0
     stop_event: threading.Event = field(default_factory=threading.Event)
+    gate: WriteGate = field(default_factory=WriteGate)
     #: (ids are reused here: a deleted order may come back, so none is "resurrected")
     deleted: list[Any] = field(default_factory=list)
     log: list[tuple[float, tuple[int, int] | None]] = field(default_factory=list)
@@ -192,25 +193,29 @@ class ShapedWriter:
         next_at = time.monotonic()
         with self.client.start_session() as session:
             while not self.stop_event.is_set():
-                txn = bool(self.txn_share) and rng.random() < self.txn_share
-                try:
-                    if txn:
-                        with session.start_transaction():
-                            changed = [
-                                one_write(db, rng, self.ids, session, self.related)[1]
-                                for _ in range(3)
-                            ]
-                        self.transactions += 1
-                    else:
-                        changed = [one_write(db, rng, self.ids, session, self.related)[1]]
-                    self.ops += 1
-                    if any(changed):  # (a write that changed nothing has no event to wait for)
-                        self.log.append((time.monotonic(), op_time(session, txn)))
-                except Exception:  # refused or unknown outcome: not counted
-                    self.failed += 1
-                next_at += 1.0 / self.rate
+                with self.gate:
+                    self._write(db, rng, session)
+                next_at = max(next_at + 1.0 / self.rate, time.monotonic())
                 self.stop_event.wait(max(0.0, next_at - time.monotonic()))
             self._last_plain(db, rng, session)
+
+    def _write(self, db: Any, rng: random.Random, session: Any) -> None:
+        """One write, or a transaction of three, counted if it was acknowledged."""
+        txn = bool(self.txn_share) and rng.random() < self.txn_share
+        try:
+            if txn:
+                with session.start_transaction():
+                    changed = [
+                        one_write(db, rng, self.ids, session, self.related)[1] for _ in range(3)
+                    ]
+                self.transactions += 1
+            else:
+                changed = [one_write(db, rng, self.ids, session, self.related)[1]]
+            self.ops += 1
+            if any(changed):  # (a write that changed nothing has no event to wait for)
+                self.log.append((time.monotonic(), op_time(session, txn)))
+        except Exception:  # refused or unknown outcome: not counted
+            self.failed += 1
 
     def _last_plain(self, db: Any, rng: random.Random, session: Any) -> None:
         """Plain writes until one changes something: the log ends with an exact cluster time

@@ -38,6 +38,7 @@ from typing import Any
 
 from listeners.elasticsearch.documents import doc_id
 from singleton.service.drill.balance import FaultBalance, balance_failures
+from singleton.service.drill.converge import FaultEqual, equal_failures
 from singleton.service.drill.faults import PLANNED, FaultRecord
 from singleton.service.drill.history import CheckpointSample
 
@@ -239,6 +240,8 @@ class Verdict:
     lags: list[float] = field(default_factory=list)
     #: per fault: how long until the leases were balanced again
     balance: list[FaultBalance] = field(default_factory=list)
+    #: per fault: how long until every index equalled its collection again
+    equal: list[FaultEqual] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -253,6 +256,7 @@ class Verdict:
             or self.stalls
             or self.expired
             or any(not b.ok for b in self.balance)
+            or any(not e.ok for e in self.equal)
             or self.errors
         )
 
@@ -280,6 +284,7 @@ class Verdict:
                 f"token {e['token']})"
             )
         out += balance_failures(self.balance)
+        out += equal_failures(self.equal)
         out += self.errors
         return out
 
@@ -290,6 +295,25 @@ class Verdict:
             values = [g["gap"] for g in entries if g["takeover"]]
             out[kind] = {"count": len(entries), "takeovers": len(values), **summary(values)}
         return out
+
+    def equal_summary(self, kinds: Sequence[str]) -> dict[str, Any]:
+        """``{faults, unequal, p50, p99, max, by_kind: {kind: {count, unequal, p50, p99, max}},
+        by_fault: [...]}``: seconds from each fault's end to every index equal to its
+        collection (``null``: not within the bound; see :mod:`.converge`)."""
+
+        def of(entries: Sequence[FaultEqual]) -> dict[str, Any]:
+            times = [e.seconds for e in entries if e.seconds is not None]
+            return {
+                "count": len(entries),
+                "unequal": sum(not e.ok for e in entries),
+                **summary(times),
+            }
+
+        return {
+            **of(self.equal),
+            "by_kind": {k: of([e for e in self.equal if e.kind == k]) for k in kinds},
+            "by_fault": [e.as_dict() for e in self.equal],
+        }
 
     def balance_summary(self, bound: float) -> dict[str, Any]:
         """``{bound, faults, unbalanced, p50, p99, max, by_fault: [...]}``: seconds from each

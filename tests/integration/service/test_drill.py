@@ -19,7 +19,7 @@ import pytest
 
 from singleton.service.dev.cluster import child_environment, singleton_command
 from singleton.service.drill.cluster import have_faketime
-from singleton.service.drill.faults import parse_kinds
+from singleton.service.drill.faults import parse_kinds, plan
 
 #: Alone on the machine, after the parallel part of `make test` (timing-sensitive).
 pytestmark = pytest.mark.serial
@@ -117,6 +117,11 @@ def test_short_drill_of_mixed_faults_passes(
     assert result["jobs"]["token_regressions"] == 0
     assert result["writes"]["transactions"] > 0 and result["documents"]["mongo"] > 200
     assert set(result["gaps"]) == expected
+    # after every fault every index equalled its collection again, writer held, in the bound
+    equal = result["equal"]
+    assert (equal["count"], equal["unequal"]) == (n, 0), equal["by_fault"]
+    assert {k for k, e in equal["by_kind"].items() if e["count"]} == expected
+    assert all(e["seconds"] <= e["bound"] and e["compares"] >= 1 for e in equal["by_fault"])
     for kind in ("kill", "stop", "term", "rotate"):
         gap = result["gaps"][kind]
         assert gap["takeovers"] >= 1 and set(gap) >= {"p50", "p99", "max"}
@@ -198,21 +203,28 @@ def test_sentinel_failover_drill_passes(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_shaped_and_related_drill_passes(tmp_path: Path) -> None:
-    """``--related`` (``--shaped``, and each order embeds its customer and its lines): three
-    indexed collections into two indexes (a filter documents move in and out of, routing that
-    changes, field rules, transactions across collections) and lines added, moved between
-    orders and deleted, through SIGKILL, SIGSTOP 3 x ttl, SIGTERM and a lost checkpoint (a
-    resync in the middle): every index equals the shaped, joined view, document by document
-    (``_id``, ``_source``, ``_routing``)."""
+@pytest.mark.parametrize("layout", ["--shaped", "--related"])
+def test_shaped_drill_passes(layout: str, tmp_path: Path) -> None:
+    """``--shaped``: three indexed collections into two indexes (a filter documents move in and
+    out of, routing that changes, field rules, transactions across collections); ``--related``
+    also embeds each order's customer and lines, and adds, moves between orders and deletes
+    lines. Through SIGKILL, SIGSTOP 3 x ttl, SIGTERM and a lost checkpoint (a resync in the
+    middle), every index equals the shaped (and joined) view after each fault and at the end,
+    document by document (``_id``, ``_source``, ``_routing``)."""
     faults = "kill,stop,term,checkpoint-loss"
+    # seed 2: the leader stopped 3.1 x ttl first, then SIGTERM, the resync, SIGKILL
+    schedule = plan(2, 4, faults.split(","), float(TTL))
+    assert [f.kind for f in schedule] == ["stop", "term", "checkpoint-loss", "kill"]
+    assert schedule[0].param >= 3 * float(TTL)
     code, result, log = drill(
-        tmp_path, "--related", "--rounds", "4", "--faults", faults, "--seed", "3", "--ttl", TTL
+        tmp_path, layout, "--rounds", "4", "--faults", faults, "--seed", "2", "--ttl", TTL
     )
     assert code == 0 and result["ok"], (result["failures"], log[-3000:])
-    assert result["shaped"] and result["related"] and result["faults"] == 4
+    assert result["shaped"] and result["related"] == (layout == "--related")
+    assert result["faults"] == 4
     assert all(result["faults_by_kind"][k] == 1 for k in faults.split(","))
     (li,) = result["by_listener"]
     assert (li["missing"], li["stale"], li["resurrected"], li["extra"]) == (0, 0, 0, 0), li
     assert result["documents"]["mongo"] > 200 and result["writes"]["transactions"] > 0
+    assert (result["equal"]["count"], result["equal"]["unequal"]) == (4, 0)
     assert result["checkpoint_regressions"] == 0 and result["fencing_violations"] == 0
