@@ -323,11 +323,19 @@ class BulkWriter:
     def _request(self, pending: list[BulkItem], body: bytes) -> tuple[list[BulkItem], str]:
         try:
             targets = {item.index for item in pending}  # (a shaped listener's: several)
-            watched = any(target in self.watched for target in targets)
+            aliased = bool(targets & self.aliases)
+            # A delete with an external version makes Elasticsearch create a missing index,
+            # and ``require_alias`` does not hold for deletes: a bulk of deletes alone
+            # through an alias that is gone is acknowledged into a new plain index of the
+            # alias's name. Such a bulk asks where each item landed. (In a bulk with any
+            # other action, that action is refused as not written through an alias.)
+            landed = any(target in self.watched for target in targets) or (
+                aliased and all(item.op == "delete" for item in pending)
+            )
             path = _BULK_PATH
-            if watched:
+            if landed:
                 path = _BULK_WATCHED_PATH
-            elif targets & self.aliases:
+            elif aliased:
                 path = _BULK_ALIAS_PATH
             status, resp = self.transport.request("POST", path, body, ndjson=True)
         except EsUnavailableError as exc:
@@ -342,7 +350,7 @@ class BulkWriter:
                 f"bulk answer from {self.transport.description} has "
                 f"{len(results) if isinstance(results, list) else 'no'} items for {len(pending)}"
             )
-        if watched:
+        if landed:
             self._check_landed(pending, results)
         if resp.get("errors") is False:  # every item written (a 404 delete too): no loop
             self.stats.add(written=len(pending))
@@ -350,21 +358,28 @@ class BulkWriter:
         return self._settle(pending, results)
 
     def _check_landed(self, pending: list[BulkItem], results: list[Any]) -> None:
-        """Raise :class:`SinkLostError` if a write through a watched alias landed outside
-        what that alias pointed to (each item against its own alias: a shaped listener's bulk
-        mixes several): the index was deleted and made anew (by another partition) under
-        this tenure."""
+        """Raise :class:`SinkLostError` if a write through an alias landed in a plain index of
+        the alias's name (one Elasticsearch made for a delete), or, through a watched alias,
+        outside what that alias pointed to (each item against its own alias: a shaped
+        listener's bulk mixes several): the index was deleted, and maybe made anew by another
+        partition, under this tenure."""
         for item, result in zip(pending, results, strict=True):
-            watched = self.watched.get(item.index)
             r = next(iter(result.values())) if isinstance(result, dict) and result else {}
             landed = r.get("_index")
-            written = 200 <= int(r.get("status", 0) or 0) < 300  # (a refusal names the alias)
-            if (
-                watched is not None
-                and written
-                and isinstance(landed, str)
-                and landed not in watched
-            ):
+            st = int(r.get("status", 0) or 0)
+            # (a refusal names the alias; a delete of an absent document names its index)
+            written = 200 <= st < 300 or (st == 404 and item.op == "delete")
+            if not written or not isinstance(landed, str):
+                continue
+            if landed == item.index and item.index in self.aliases:
+                raise SinkLostError(
+                    f"{self.transport.description}: alias {item.index} is gone, and a"
+                    f" {item.op} through it made a plain index of that name (Elasticsearch"
+                    " creates a missing index for a delete with an external version, whatever"
+                    " require_alias says): the index was deleted under the listener"
+                )
+            watched = self.watched.get(item.index)
+            if watched is not None and landed not in watched:
                 raise SinkLostError(
                     f"{self.transport.description}: {item.index} now points to {landed}, not"
                     f" to {', '.join(sorted(watched))} as when this tenure began: the index"

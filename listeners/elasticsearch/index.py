@@ -119,6 +119,8 @@ class IndexKeeper:
                 self._raise_gc_deletes(target, ctx)
             self._watching(name, targets, again=False)
         elif self.exists(name):
+            if (ctx.resumed or name in self.aliases) and name not in self._deleted:
+                self._not_made_by_a_delete(name)
             self._raise_gc_deletes(name, ctx)
         elif (ctx.resumed or name in self.aliases) and name not in self._deleted:
             raise SinkLostError(
@@ -130,6 +132,26 @@ class IndexKeeper:
             self.fresh(name, ctx, with_alias=True)
             self.aliases.add(name)
         self._ready.add(name)
+
+    def _not_made_by_a_delete(self, name: str) -> None:
+        """Raise :class:`SinkLostError` if the plain index ``name``, where this listener wrote
+        through an alias, holds no document: Elasticsearch made it for a delete (a missing
+        index is created for a delete with an external version, whatever ``require_alias``
+        says) once the alias was gone. A plain index of an earlier version that does hold
+        documents is used as it is (see the module docstring)."""
+        if self.empty(name):
+            raise SinkLostError(
+                f"index {name} is an empty plain index where this listener wrote through an"
+                " alias: the alias was deleted under it, and a delete made the index. Only a"
+                " copy makes it equal again"
+            )
+
+    def empty(self, name: str) -> bool:
+        """Whether the index ``name`` holds no document (as last refreshed)."""
+        status, resp = self._request("GET", name, "/_count")
+        if status != 200 or not isinstance(resp, dict):
+            raise request_error(status, resp, f"cannot count documents of {name}")
+        return resp.get("count") == 0
 
     def watch_alias(self, alias: str) -> bool:
         """Whether ``alias`` is an alias now; if so, writes through it require one and, on a

@@ -53,13 +53,19 @@ def live_index(index: IndexKeeper, alias: str, part: Partition, ctx: ListenerCon
     index.forget(alias)
     deadline = ctx.clock.monotonic() + CREATE_WAIT
     while not index.watch_alias(alias):
-        if index.exists(alias):
-            # A plain index of an earlier version, or the alias another partition created
-            # just now (after the look above): then what it points to is the reference too.
-            index.watch_alias(alias)
+        plain = index.exists(alias)
+        # A plain index of an earlier version, or the alias another partition created just
+        # now (after the look above): what it points to is the reference too. But an empty
+        # plain index was made by a delete through the alias once it was gone (see
+        # IndexKeeper.ensure): partition 0 puts the alias in its place, and the others wait
+        # for that as for a missing index.
+        if plain and (index.watch_alias(alias) or not index.empty(alias)):
             break
         if part.index == 0:
-            index.fresh(alias, ctx, with_alias=True)
+            if plain:
+                index.swap(alias, index.fresh(alias, ctx), ctx)
+            else:
+                index.fresh(alias, ctx, with_alias=True)
             index.watch_alias(alias)
             break
         left = deadline - ctx.clock.monotonic()

@@ -6,6 +6,7 @@ and copies its own share in place. Either way the index equals the collection ag
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -225,3 +226,107 @@ def test_a_partition_copy_cut_short_resumes_only_into_the_index_it_began(
             runner.stop()
         zero.close()
         client.close()
+
+
+class _CheckedOnce(ElasticsearchSync):
+    """A listener whose idle check of its alias has run (``checked``): with a long
+    ``target_check_interval`` it does not run again, so only a write can find the loss."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs, target_check_interval=3600)
+        self.checked = threading.Event()
+
+    def on_idle(self, ctx: Any) -> None:
+        super().on_idle(ctx)
+        self.checked.set()
+
+
+def _is_alias(es_url: str, alias: str) -> bool:
+    http = connect(es_url)
+    try:
+        return http.request("GET", f"/_alias/{alias}")[0] == 200
+    finally:
+        http.close()
+
+
+def test_deletes_alone_through_a_deleted_alias_are_not_acknowledged_into_a_new_plain_index(
+    mongo_url: str, es_url: str, docs: Any
+) -> None:
+    """Elasticsearch creates a missing index for a delete with an external version, whatever
+    ``require_alias`` says: once the index behind the alias is deleted, a bulk of deletes
+    alone would be acknowledged into a new, plain index of the alias's name (and the rest of
+    the documents lost from view, nothing said). The bulk asks where its deletes landed, and
+    the listener resyncs: the alias is back and the index equals the collection."""
+    coll, db = docs, docs.database.name
+    coll.insert_many([{"_id": i, "n": i} for i in range(300)])
+    listener = _CheckedOnce(database=db, collection="docs", es=es_url, ttl=1.0)
+    alias = listener.index_name
+
+    def body() -> None:
+        _equal_within(coll, es_url, alias, 60)
+        assert listener.checked.wait(30)
+        _delete_behind(es_url, alias)
+        for i in range(5):  # one at a time: each its own bulk of one delete
+            coll.delete_one({"_id": i})
+        _equal_within(coll, es_url, alias, 60)
+        assert _is_alias(es_url, alias)  # not a plain index in its place
+
+    [runner] = _run(mongo_url, db, [listener], body)
+    assert runner.status()["sink_lost"] == 1
+
+
+def test_deletes_alone_of_two_partitions_through_a_deleted_alias_put_the_alias_back(
+    mongo_url: str, es_url: str, docs: Any
+) -> None:
+    """The same with two partitions sharing the index: the first delete makes the plain index,
+    and the partitions' copies find it empty, so partition 0 puts the alias in its place (they
+    would otherwise copy into the plain index and leave it there)."""
+    coll, db = docs, docs.database.name
+    ids = list(range(400))
+    coll.insert_many([{"_id": i, "n": i} for i in ids])
+    listeners = [_CheckedOnce(database=db, collection="docs", es=es_url, ttl=1.0) for _ in range(2)]
+    for p, lst in enumerate(listeners):
+        lst.partition = Partition(p, 2)
+    alias = listeners[0].index_name
+    gone = [next(i for i in ids if partition_of(i, 2) == p) for p in (0, 1)]
+
+    def body() -> None:
+        _equal_within(coll, es_url, alias, 60)
+        assert all(lst.checked.wait(30) for lst in listeners)
+        _delete_behind(es_url, alias)
+        for i in gone:  # a delete of each partition's share
+            coll.delete_one({"_id": i})
+        _equal_within(coll, es_url, alias, 90)
+        assert _is_alias(es_url, alias)
+
+    runners = _run(mongo_url, db, listeners, body)
+    assert [r.status()["sink_lost"] for r in runners] == [1, 1]
+
+
+def test_a_resumed_tenure_does_not_take_an_empty_plain_index_for_its_alias(
+    mongo_url: str, es_url: str, docs: Any
+) -> None:
+    """The listener is stopped, its index deleted, and a delete makes a plain index of the
+    alias's name (what Elasticsearch does for a delete with an external version). The next
+    tenure resumes from the checkpoint: an empty plain index where it wrote through an alias
+    is not one of an earlier version to use as it is, and it resyncs."""
+    coll, db = docs, docs.database.name
+    coll.insert_many([{"_id": i, "n": i} for i in range(300)])
+    first = _sync(db, es_url)
+    alias = first.index_name
+    _run(mongo_url, db, [first], lambda: _equal_within(coll, es_url, alias, 60))
+    _delete_behind(es_url, alias)
+    http = connect(es_url)
+    try:
+        line = {"delete": {"_index": alias, "_id": "1", "version": 9, "version_type": "external"}}
+        status, _ = http.request(
+            "POST", "/_bulk?require_alias=true", json.dumps(line).encode() + b"\n", ndjson=True
+        )
+        assert status == 200 and http.request("GET", f"/{alias}/_count")[1]["count"] == 0
+    finally:
+        http.close()
+    assert not _is_alias(es_url, alias)  # a plain index now
+
+    again = _sync(db, es_url)
+    [runner] = _run(mongo_url, db, [again], lambda: _equal_within(coll, es_url, alias, 60))
+    assert runner.status()["sink_lost"] == 1 and _is_alias(es_url, alias)

@@ -68,3 +68,54 @@ def test_partition_0_creates_a_missing_index_and_watches_it() -> None:
     keeper = _Empty()
     assert live_index(keeper, "docs", Partition(0, 2), _ctx()) == "docs"  # type: ignore[arg-type]
     assert keeper.created == 1 and keeper.watched == ["docs", "docs"]
+
+
+class _PlainIndex(_Keeper):
+    """A plain index of the alias's name, with ``docs`` documents; ``swap`` puts an alias in
+    its place."""
+
+    def __init__(self, docs: int) -> None:
+        super().__init__()
+        self.docs = docs
+        self.swapped: list[tuple[str, str]] = []
+
+    def watch_alias(self, alias: str) -> bool:
+        self.watched.append(alias)
+        return bool(self.swapped)
+
+    def exists(self, name: str) -> bool:
+        return True
+
+    def empty(self, name: str) -> bool:
+        return self.docs == 0
+
+    def swap(self, alias: str, target: str, ctx: Any) -> None:
+        self.swapped.append((alias, target))
+
+
+def test_an_empty_plain_index_in_the_alias_place_is_replaced_by_partition_0() -> None:
+    """Made by a delete through the alias once it was gone: not an index to copy into."""
+    keeper = _PlainIndex(docs=0)
+    assert live_index(keeper, "docs", Partition(0, 2), _ctx()) == "docs"  # type: ignore[arg-type]
+    assert keeper.swapped == [("docs", "docs-1")] and keeper.created == 1
+
+
+def test_the_other_partitions_wait_for_partition_0_to_replace_an_empty_plain_index() -> None:
+    keeper = _PlainIndex(docs=0)
+    ctx = _ctx()
+    waits: list[float] = []
+
+    def wait_lost(seconds: float) -> bool:
+        waits.append(seconds)
+        keeper.swapped.append(("docs", "docs-1"))  # partition 0 did it meanwhile
+        return False
+
+    ctx.leadership.wait_lost = wait_lost
+    assert live_index(keeper, "docs", Partition(1, 2), ctx) == "docs"  # type: ignore[arg-type]
+    assert len(waits) == 1 and keeper.created == 0
+
+
+def test_a_plain_index_that_holds_documents_is_copied_into_as_it_is() -> None:
+    keeper = _PlainIndex(docs=5)  # of an earlier version of the listener
+    assert live_index(keeper, "docs", Partition(0, 2), _ctx()) == "docs"  # type: ignore[arg-type]
+    assert keeper.swapped == [] and keeper.created == 0
