@@ -146,9 +146,7 @@ def options_from(args: argparse.Namespace) -> DrillOptions:
                 check_url(flag[2:].replace("-", "_"), url)
             except ConfigurationError as exc:
                 raise ConfigurationError(f"{flag}: {exc}") from None
-    kinds = parse_kinds(
-        args.faults, args.backend, sentinel=args.sentinel, partitions=args.partitions
-    )
+    kinds = parse_kinds(args.faults, args.backend, sentinel=args.sentinel)
     if args.redis_url and any(k.startswith("redis-") for k in kinds):
         raise ConfigurationError("redis-restart and redis-pause need the embedded Redis")
     return DrillOptions(

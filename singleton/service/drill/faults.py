@@ -38,13 +38,14 @@ DEFAULT_MIX: dict[str, float] = {
     "listener-error": 0.05,
     "index-close": 0.025,
     "alias-split": 0.025,
+    "index-delete": 0.025,
+    "alias-delete": 0.025,
 }
 #: kinds only a Sentinel drill (``--sentinel``) has, and their share of its mix
 SENTINEL_MIX: dict[str, float] = {"sentinel-failover": 0.11}
 #: kinds only asked for by name (``--faults history-loss``): the oplog flood slows the stand-in
-#: down for tens of seconds, long enough to cost a MongoDB lease store its leases; and the
-#: :data:`LOST_INDEX_KINDS`
-OPT_IN_MIX: dict[str, float] = {"history-loss": 0.02, "index-delete": 0.025, "alias-delete": 0.025}
+#: down for tens of seconds, long enough to cost a MongoDB lease store its leases
+OPT_IN_MIX: dict[str, float] = {"history-loss": 0.02}
 KINDS = (*DEFAULT_MIX, *SENTINEL_MIX, *OPT_IN_MIX)
 REDIS_KINDS = ("redis-restart", "redis-pause")
 #: kinds that need the one embedded Redis or a per-replica proxy in front of the lease store:
@@ -56,11 +57,6 @@ PROMOTION_BOUND = 10.0
 #: the physical index, remove the alias, close the index for a while, or point the alias at a
 #: second index for a while (no write index)
 SINK_KINDS = ("index-delete", "alias-delete", "index-close", "alias-split")
-#: sink faults that lose the index, asked for by name: with several partitions, one that writes
-#: nothing meanwhile does not notice another partition recreating it, and once in a 20-round
-#: drill on MongoDB leases a plain index still appeared in the alias's place (known gaps, see
-#: docs/how-to/drill.md)
-LOST_INDEX_KINDS = ("index-delete", "alias-delete")
 #: faults after which events must reach the index within 3 x ttl + 5 s
 STORE_LOSS_KINDS = (
     "lease-wipe",
@@ -121,12 +117,9 @@ class FaultRecord:
         return asdict(self)
 
 
-def parse_kinds(
-    text: str | None, backend: str, *, sentinel: bool = False, partitions: int = 1
-) -> list[str]:
+def parse_kinds(text: str | None, backend: str, *, sentinel: bool = False) -> list[str]:
     """``--faults`` -> kinds (default: every kind that applies to ``backend`` and ``sentinel``,
-    but the opt-in ones). ``history-loss`` needs one partition: a partition resyncs in place,
-    so documents deleted in the hole stay in the index until ``verify --repair``."""
+    but the opt-in ones, :data:`OPT_IN_MIX`)."""
     if not text:
         return [
             k

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.serial
 
 
 #: Each fault kind that applies once: `make drill` runs the long mixes (100 rounds).
-def rounds(backend: str, partitions: int) -> int:
-    return len(parse_kinds(None, backend, partitions=partitions))
+def rounds(backend: str) -> int:
+    return len(parse_kinds(None, backend))
 
 
 #: Short leases keep the suite fast; users' default is 2.5 s (`make drill`).
@@ -74,7 +74,7 @@ def test_short_drill_of_mixed_faults_passes(
 ) -> None:
     assert have_faketime(), "clock-jump needs Debian's faketime (make sysdeps)"
     report = tmp_path / "drill.html"
-    n = rounds(backend, partitions)
+    n = rounds(backend)
     code, result, log = drill(
         tmp_path,
         "--backend",
@@ -106,7 +106,7 @@ def test_short_drill_of_mixed_faults_passes(
     assert all(b["ok"] and b["seconds"] <= balance["bound"] for b in balance["by_fault"])
     kinds = {k for k, n in result["faults_by_kind"].items() if n}
     # every kind that applies, the new ones too
-    expected = set(parse_kinds(None, backend, partitions=partitions))
+    expected = set(parse_kinds(None, backend))
     assert {"lease-wipe", "checkpoint-loss", "listener-error"} <= expected
     assert kinds == expected
     for key in ("missing", "stale", "resurrected", "extra"):

@@ -279,4 +279,4 @@ def test_history_loss_is_asked_for_by_name_also_with_partitions() -> None:
     """(A partition's resync sweeps what was deleted in the hole: no longer one partition.)"""
     assert "history-loss" not in parse_kinds(None, "redis")
     assert parse_kinds("history-loss", "mongo") == ["history-loss"]
-    assert parse_kinds("history-loss", "redis", partitions=2) == ["history-loss"]
+    assert parse_kinds("history-loss", "redis") == ["history-loss"]
