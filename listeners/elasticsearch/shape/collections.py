@@ -205,12 +205,15 @@ class Shape:
         return out
 
     @property
-    def sources(self) -> dict[str, list[tuple[str, Relation]]]:
-        """related collection -> the ``(root, relation)`` pairs that embed its documents."""
-        out: dict[str, list[tuple[str, Relation]]] = {}
+    def sources(self) -> dict[str, list[tuple[str, tuple[Relation, ...]]]]:
+        """related collection -> the ``(root, path)`` pairs that embed its documents: ``path``
+        is ``(relation,)``, or ``(relation, its relation)`` for a second-level document."""
+        out: dict[str, list[tuple[str, tuple[Relation, ...]]]] = {}
         for name in self.names:
             for rel in self.collections[name].relations:
-                out.setdefault(rel.source, []).append((name, rel))
+                out.setdefault(rel.source, []).append((name, (rel,)))
+                for nested in rel.relations:
+                    out.setdefault(nested.source, []).append((name, (rel, nested)))
         return out
 
     @property
@@ -222,7 +225,12 @@ class Shape:
     def before_images(self) -> list[str]:
         """The collections whose events need their pre-image: the routed ones (where the old
         copy is) and the sources of ``foreign`` relations (which root a line left)."""
-        foreign = {r.source for pairs in self.sources.values() for _, r in pairs if r.foreign}
+        foreign = {
+            path[-1].source
+            for pairs in self.sources.values()
+            for _, path in pairs
+            if path[-1].foreign
+        }
         return sorted(set(self.routed) | foreign)
 
     @property

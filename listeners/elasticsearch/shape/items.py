@@ -349,8 +349,8 @@ class ShapedItems:
             return
         version = versioner.version(event)
         name = (event.get("ns") or {}).get("coll")
-        for root, rel in self._sources.get(str(name), []):
-            for chunk in self.joiner.affected(root, rel, event):
+        for root, path in self._sources.get(str(name), []):
+            for chunk in self.joiner.affected_through(root, path, event):
                 for key in chunk:
                     if self.mine(key):
                         self.queue_rebuild(root, key, version)

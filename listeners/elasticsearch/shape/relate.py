@@ -31,9 +31,15 @@ root its field names now and the one it named before (from the pre-image, which 
 turns on for such collections: without it, a line moved or deleted stays in its old root's array
 until ``singleton verify --repair``).
 
+Depth 2: a relation may carry its own ``relate`` (a line embeds its product), whose related
+documents are embedded in each related document as the root's are in the root; no deeper (a
+configuration error). A change of a second-level document touches the related documents that
+embed it (found as a root's are), and through them their roots (a ``local`` relation: the roots
+whose field holds one of their ``_id`` s; a ``foreign`` one: the roots their field names).
+
 The copy (and every resync, and ``verify``) joins on the server: one ``$lookup`` per relation
-in the copy's aggregation, never one query per root. Depth: one level (a related document's own
-``relate`` is not followed).
+in the copy's aggregation (a second level: a ``$lookup`` in the first one's pipeline), never one
+query per root.
 """
 
 from __future__ import annotations
@@ -56,7 +62,10 @@ CHUNK = 1000
 #: 1,000 ids cost 3 s against 10,000 documents, 100 ids 0.05 s) stays fast; MongoDB looks each
 #: one up in an index either way.
 IN_CHUNK = 100
-RELATE_KEYS = ("from", "local", "foreign", "as", "many", "fields", "sort")
+RELATE_KEYS = ("from", "local", "foreign", "as", "many", "fields", "sort", "relate")
+#: How deep relations go: a related document's own ``relate`` is followed, not its related
+#: documents' ``relate``.
+MAX_DEPTH = 2
 #: The copy's ``$lookup`` output field of relation ``i`` (removed before the rules apply).
 LOOKUP_FIELD = "__singleton_relate_{}"
 
@@ -72,11 +81,20 @@ class Relation:
     many: bool
     fields: FieldRules | None
     sort: tuple[tuple[str, int], ...]
+    #: The related document's own relations (depth 2; they have none).
+    relations: tuple[Relation, ...] = ()
 
     def embedded(self, doc: Mapping[str, Any]) -> dict[str, Any]:
-        """What the root holds of the related document ``doc``."""
+        """What the root holds of the related document ``doc`` (read with its own related
+        documents under :data:`LOOKUP_FIELD` s when this relation has relations)."""
+        nested: list[list[Mapping[str, Any]]] = []
+        if self.relations:
+            doc = dict(doc)
+            nested = strip_lookups(doc, len(self.relations))
         out = self.fields.apply(doc) if self.fields is not None else dict(doc)
         out.pop("_id", None)
+        for rel, found in zip(self.relations, nested, strict=True):
+            set_path(out, rel.into, rel.value_for(doc, found))
         return out
 
     def ordered(self, docs: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -94,14 +112,15 @@ class Relation:
     def lookup_stage(self, i: int) -> dict[str, Any]:
         """The copy's ``$lookup`` of this relation."""
         local, foreign = (self.local, "_id") if self.local else ("_id", self.foreign)
-        return {
-            "$lookup": {
-                "from": self.source,
-                "localField": local,
-                "foreignField": foreign,
-                "as": LOOKUP_FIELD.format(i),
-            }
+        stage: dict[str, Any] = {
+            "from": self.source,
+            "localField": local,
+            "foreignField": foreign,
+            "as": LOOKUP_FIELD.format(i),
         }
+        if self.relations:  # (MongoDB 5.0: the fields and a pipeline together)
+            stage["pipeline"] = [r.lookup_stage(j) for j, r in enumerate(self.relations)]
+        return {"$lookup": stage}
 
     def value_for(self, root: Mapping[str, Any], found: list[Mapping[str, Any]]) -> Any:
         """The embedded value of ``root`` given its related documents ``found``."""
@@ -135,20 +154,20 @@ def set_path(doc: dict[str, Any], path: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
-def parse_relations(where: str, value: Any) -> list[Relation]:
-    """Check a collection's ``relate`` list."""
+def parse_relations(where: str, value: Any, depth: int = 1) -> list[Relation]:
+    """Check a collection's ``relate`` list (``depth`` 2: a relation's own)."""
     if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
         raise ConfigurationError(f"{where}.relate must be a list of tables, got {value!r}")
     out: list[Relation] = []
     for n, table in enumerate(value):
-        out.append(_relation(f"{where}.relate[{n}]", table))
+        out.append(_relation(f"{where}.relate[{n}]", table, depth))
     targets = [r.into for r in out]
     if len(set(targets)) != len(targets):
         raise ConfigurationError(f"{where}.relate: two relations embed into one field: {targets}")
     return out
 
 
-def _relation(where: str, table: Mapping[str, Any]) -> Relation:
+def _relation(where: str, table: Mapping[str, Any], depth: int) -> Relation:
     unknown = sorted(set(table) - set(RELATE_KEYS))
     if unknown:
         raise ConfigurationError(
@@ -179,7 +198,18 @@ def _relation(where: str, table: Mapping[str, Any]) -> Relation:
         )
     fields = table.get("fields")
     rules = FieldRules(include=fields) if fields is not None else None
-    return Relation(str(source), local, foreign, into, many, rules, _sort(where, table))
+    nested: list[Relation] = []
+    if "relate" in table:
+        if depth >= MAX_DEPTH:
+            raise ConfigurationError(
+                f"{where}.relate: relations go {MAX_DEPTH} levels deep at most (a related"
+                " document's related documents cannot embed their own): embed what you need"
+                f" from {source!r} at this level, or remove this relate"
+            )
+        nested = parse_relations(where, table["relate"], depth + 1)
+    return Relation(
+        str(source), local, foreign, into, many, rules, _sort(where, table), tuple(nested)
+    )
 
 
 def _sort(where: str, table: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
@@ -201,15 +231,25 @@ class Joiner:
         """``key_of(_id)`` -> the root with a :data:`LOOKUP_FIELD` list per relation (as the
         copy's ``$lookup`` gives them), for the roots among ``keys`` that exist now."""
         docs = list(_find_in(self.database[collection], "_id", keys))
+        self._attach(relations, docs)
+        return {key_of(d["_id"]): d for d in docs}
+
+    def _attach(self, relations: Sequence[Relation], docs: Sequence[dict[str, Any]]) -> None:
+        """Put each relation's related documents under its :data:`LOOKUP_FIELD` of each of
+        ``docs``, and theirs under theirs (one related document read once, whatever number
+        of ``docs`` embed it)."""
         for i, rel in enumerate(relations):
             field = LOOKUP_FIELD.format(i)
-            for doc, found in zip(docs, self._related(rel, docs), strict=True):
-                doc[field] = found
-        return {key_of(d["_id"]): d for d in docs}
+            found = list(self._related(rel, docs))
+            if rel.relations:
+                unique = {id(r): r for group in found for r in group}
+                self._attach(rel.relations, list(unique.values()))
+            for doc, group in zip(docs, found, strict=True):
+                doc[field] = group
 
     def _related(
         self, rel: Relation, docs: Sequence[Mapping[str, Any]]
-    ) -> Iterator[list[Mapping[str, Any]]]:
+    ) -> Iterator[list[dict[str, Any]]]:
         coll = self.database[rel.source]
         if rel.local is not None:
             wanted = [v for d in docs if (v := get_path(d, rel.local)) not in (MISSING, None)]
@@ -220,7 +260,7 @@ class Joiner:
                 yield [hit] if hit is not None else []
             return
         assert rel.foreign is not None
-        groups: dict[bytes, list[Mapping[str, Any]]] = {}
+        groups: dict[bytes, list[dict[str, Any]]] = {}
         for r in _find_in(coll, rel.foreign, [d["_id"] for d in docs]):
             groups.setdefault(key_of(get_path(r, rel.foreign)), []).append(r)
         for d in docs:
@@ -253,12 +293,48 @@ class Joiner:
         if roots:
             yield list(roots.values())
 
+    def affected_through(
+        self, collection: str, path: Sequence[Relation], event: Mapping[str, Any]
+    ) -> Iterator[list[Any]]:
+        """:meth:`affected` along ``path``: ``(relation,)`` for a related document's event,
+        ``(relation, its relation)`` for a second-level one, whose touched related documents
+        are mapped to their roots (chunks of :data:`CHUNK` roots either way)."""
+        if len(path) == 1:
+            yield from self.affected(collection, path[0], event)
+            return
+        rel, nested = path
+        for middle in self.affected(rel.source, nested, event):
+            yield from self._roots_of(collection, rel, middle)
 
-def _find_in(coll: Any, path: str, values: Sequence[Any]) -> Iterator[dict[str, Any]]:
+    def _roots_of(self, collection: str, rel: Relation, keys: Sequence[Any]) -> Iterator[list[Any]]:
+        """The ``_id`` s of the roots of ``collection`` that embed, by ``rel``, one of the
+        related documents ``keys``, in chunks of :data:`CHUNK`."""
+        if rel.local is not None:
+            found = _find_in(self.database[collection], rel.local, keys, {"_id": 1})
+            roots = (doc["_id"] for doc in found)
+        else:
+            assert rel.foreign is not None
+            foreign = rel.foreign
+            related = _find_in(self.database[rel.source], "_id", keys, {foreign: 1})
+            values = (get_path(doc, foreign) for doc in related)
+            roots = (v for v in values if v not in (MISSING, None))
+        chunk: list[Any] = []
+        for root in roots:
+            chunk.append(root)
+            if len(chunk) >= CHUNK:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+
+def _find_in(
+    coll: Any, path: str, values: Sequence[Any], projection: Mapping[str, Any] | None = None
+) -> Iterator[dict[str, Any]]:
     """The documents whose ``path`` is one of ``values``, :data:`IN_CHUNK` values a query."""
     unique = list({key_of(v): v for v in values}.values())
     for start in range(0, len(unique), IN_CHUNK):
-        yield from coll.find({path: {"$in": unique[start : start + IN_CHUNK]}})
+        yield from coll.find({path: {"$in": unique[start : start + IN_CHUNK]}}, projection)
 
 
 def strip_lookups(doc: dict[str, Any], count: int) -> list[list[Mapping[str, Any]]]:

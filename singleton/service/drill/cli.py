@@ -39,8 +39,8 @@ SHAPED_HELP = (
 
 
 RELATED_HELP = (
-    "--shaped, and each order embeds its customer and its lines (relate); lines are added, "
-    "moved between orders and deleted"
+    "--shaped, and each order embeds its customer and its lines, each line its product "
+    "(relate, two levels); lines are added, moved between orders and deleted, products retitled"
 )
 
 

@@ -17,14 +17,17 @@ from listeners.elasticsearch.shape.verify import compare_shaped
 from listeners.elasticsearch.verify import Diff
 from singleton.service.dev.cluster import WriteGate, op_time
 
-#: ``--related``: each order embeds its customer and its lines (:mod:`listeners.elasticsearch.
-#: shape.relate`); the lines are read by the stream, not indexed.
+#: ``--related``: each order embeds its customer and its lines, and each line its product (two
+#: levels, :mod:`listeners.elasticsearch.shape.relate`); lines and products are read by the
+#: stream, not indexed.
 RELATE = [
     {"from": "customers", "local": "customer_id", "as": "customer", "fields": ["name", "email"]},
     {"from": "order_lines", "foreign": "order_id", "as": "lines", "many": True,
-     "fields": ["sku", "qty"], "sort": {"sku": 1}},
+     "fields": ["sku", "qty"], "sort": {"sku": 1},
+     "relate": [{"from": "products", "local": "sku", "as": "product", "fields": ["title"]}]},
 ]  # fmt: skip
 LINES = 400
+PRODUCTS = 100
 
 
 def layout(orders_index: str = "drill-orders", related: bool = False) -> dict[str, dict[str, Any]]:
@@ -81,13 +84,18 @@ def seed(db: Any, n: int, rng: random.Random, related: bool = False) -> None:
     if related:
         lines = [{"_id": i, **line(rng, n)} for i in range(LINES // 2)]
         db.order_lines.insert_many(lines)
+        db.products.insert_many([{"_id": f"s{i}", **product(rng)} for i in range(PRODUCTS)])
     db.orders.insert_many([{"_id": i, **order(rng)} for i in range(n)])
     db.legacy_orders.insert_many([{"_id": i, **order(rng)} for i in range(max(1, n // 2))])
     db.customers.insert_many([{"_id": f"c{i}", **customer(rng, i)} for i in range(CUSTOMERS)])
 
 
 def line(rng: random.Random, orders: int) -> dict[str, Any]:
-    return {"order_id": rng.randrange(orders), "sku": f"s{rng.randrange(100)}", "qty": 1}
+    return {"order_id": rng.randrange(orders), "sku": f"s{rng.randrange(PRODUCTS)}", "qty": 1}
+
+
+def product(rng: random.Random) -> dict[str, Any]:
+    return {"title": f"title-{rng.randrange(10_000)}", "cost": rng.randrange(100)}
 
 
 KINDS = ("insert", "status", "status", "reroute", "delete", "replace", "legacy", "customer")
@@ -98,8 +106,8 @@ def one_write(
 ) -> tuple[str, bool]:
     """One random write; returns its kind and whether it changed anything (an update of a
     missing document writes no change event). ``related``: lines too (added, moved to another
-    order, deleted)."""
-    kind = rng.choice(KINDS + (("line", "line", "move") if related else ()))
+    order, deleted) and products (retitled: every order with a line of it)."""
+    kind = rng.choice(KINDS + (("line", "line", "move", "product") if related else ()))
     key = rng.randrange(ids)
     kw = {"session": session}
     res: Any
@@ -109,6 +117,9 @@ def one_write(
         res = db.order_lines.replace_one(
             {"_id": rng.randrange(LINES)}, line(rng, ids), upsert=True, **kw
         )
+    elif kind == "product":
+        key_p = f"s{rng.randrange(PRODUCTS)}"
+        res = db.products.replace_one({"_id": key_p}, product(rng), upsert=True, **kw)
     elif kind == "move":
         moved = {"$set": {"order_id": rng.randrange(ids)}}
         res = db.order_lines.update_one({"_id": rng.randrange(LINES)}, moved, **kw)
