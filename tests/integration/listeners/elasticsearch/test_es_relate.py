@@ -61,12 +61,12 @@ def mongo_server() -> Iterator[MongoServer]:
         yield server
 
 
-def _listener(db: str, es_url: str) -> ElasticsearchSync:
+def _listener(db: str, es_url: str, collections: dict[str, Any] | None = None) -> ElasticsearchSync:
     return ElasticsearchSync(
         name=f"{db}-search",
         database=db,
         index=f"{db}-{{collection}}",
-        collections=layout(),
+        collections=collections or layout(),
         es=es_url,
         ttl=1.0,
     )

@@ -8,20 +8,25 @@ copy (the second level joined by a ``$lookup`` inside the first one's) and after
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
 import pymongo
-import pytest
 
 from listeners.checkpoints.stores import MongoCheckpointStore
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.transport import connect
-from singleton.service.dev.embedded import MongoServer, wait_until
+from singleton.service.dev.embedded import wait_until
 from singleton.testing import MemoryLeaseBackend
 from tests.integration.listener_support import make_runner
-from tests.integration.listeners.elasticsearch.test_es_relate import _assert_equal, _caught_up
+from tests.integration.listeners.elasticsearch.test_es_relate import (
+    _assert_equal,
+    _caught_up,
+    mongo_server,  # noqa: F401 (a fixture: a SecantusDB of this module's own, as there)
+)
+from tests.integration.listeners.elasticsearch.test_es_relate import (
+    _listener as first_level_listener,
+)
 
 REGIONS, CUSTOMERS, ORDERS, LINES, PRODUCTS, NOTES = 4, 10, 40, 120, 15, 80
 
@@ -69,21 +74,8 @@ def layout() -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def mongo_server() -> Iterator[MongoServer]:
-    with MongoServer() as server:
-        yield server
-
-
 def _listener(db: str, es_url: str) -> ElasticsearchSync:
-    return ElasticsearchSync(
-        name=f"{db}-search",
-        database=db,
-        index=f"{db}-{{collection}}",
-        collections=layout(),
-        es=es_url,
-        ttl=1.0,
-    )
+    return first_level_listener(db, es_url, layout())
 
 
 def _seed(db: Any, rng: random.Random) -> None:
