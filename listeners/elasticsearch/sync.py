@@ -735,6 +735,11 @@ class ElasticsearchSync(ChangeStreamListener):
             if saved:
                 ctx.save_progress(None)  # a copy into an index that is gone, or pre-alias
             target = index.fresh(alias, ctx)
+            # Kept at once: a copy that fails before its first batch is settled (its first
+            # read timed out) resumes into this index, replaying from this cluster time,
+            # instead of making another on every retry.
+            ts = mongo.cluster_time(ctx.client)
+            ctx.save_progress({"target": target, "start_time": [ts.time, ts.inc]})
         ctx.logger.info("initial sync of {}: copying into {} (alias {})", self.name, target, alias)
         mine = partitioned.owner(part)
         copy = InitialCopy(

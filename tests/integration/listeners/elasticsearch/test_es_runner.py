@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pymongo
+import pymongo.errors
 
 from listeners.checkpoints.stores import MongoCheckpointStore
 from listeners.elasticsearch import ElasticsearchSync
@@ -16,7 +17,7 @@ from listeners.elasticsearch.verify import compare
 from singleton.service.dev.embedded import wait_until
 from singleton.testing import MemoryLeaseBackend
 from tests.integration import es_support
-from tests.integration.listener_support import make_runner
+from tests.integration.listener_support import LogCapture, make_runner
 
 
 def test_runner_initial_sync_streaming_and_handover(
@@ -61,3 +62,55 @@ def test_runner_initial_sync_streaming_and_handover(
         client.close()
     assert diff.ok, diff
     assert diff.mongo_count > 2500
+
+
+class _FirstReadsTimeOut(ElasticsearchSync):
+    """The copy's first ``reads`` reads time out (as a busy server's did in the issue), then
+    the collection answers."""
+
+    def __init__(self, reads: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.reads = reads
+
+    def _collection(self, ctx: Any) -> Any:
+        coll, listener = super()._collection(ctx), self
+
+        class Slow:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(coll, name)
+
+            def find(self, *args: Any, **kwargs: Any) -> Any:
+                if listener.reads > 0:
+                    listener.reads -= 1
+                    raise pymongo.errors.NetworkTimeout("the copy's first read timed out (test)")
+                return coll.find(*args, **kwargs)
+
+        return Slow()
+
+
+def test_a_copy_whose_first_read_times_out_resumes_into_the_index_it_made(
+    mongo_url: str, es_url: str, unique: str
+) -> None:
+    """Each retry of the tenure used to make another physical index (the issue saw six, and
+    each new attempt copied from scratch again); the index is kept with the copy's progress
+    as soon as it is made, so the retries go on into it."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    db = f"es{unique}"
+    coll = client[db]["docs"]
+    coll.insert_many([{"_id": i, "n": i} for i in range(500)])
+    listener = _FirstReadsTimeOut(2, database=db, collection="docs", es=es_url, ttl=1.0)
+    with LogCapture("INFO") as logs:
+        runner = make_runner(mongo_url, db, MemoryLeaseBackend(), listener, "a").start()
+        try:
+            wait_until(lambda: runner.status()["state"] == "streaming", 120, what="synced")
+            coll.delete_one({"_id": 7})  # (a change made after the attempts is replayed too)
+            wait_until(
+                lambda: compare(coll, es_url, listener.index_name).ok, 60, what="equal index"
+            )
+        finally:
+            runner.stop()
+            listener.close()
+            client.close()
+    assert listener.reads == 0  # both attempts failed, the third copied
+    created = [m for m in logs.errors if m.startswith("elasticsearch: created index")]
+    assert len(created) == 1, created
