@@ -255,10 +255,12 @@ class CheckpointPolicy:
 
     # -- when to save ---------------------------------------------------------------------
     def after_batch(self) -> None:
-        """Under load: save the acknowledged position at most every ``interval`` seconds."""
-        if self._acknowledged is not None and self._due(self._settings.interval):
+        """Under load: save the acknowledged position at most every ``interval`` seconds (at
+        once if it replaces a bare cluster time)."""
+        ack = self._acknowledged
+        if ack is not None and (self._due(self._settings.interval) or self._bare(ack[0])):
             with self._routine():
-                self._save_acknowledged(*self._acknowledged)
+                self._save_acknowledged(*ack)
 
     def caught_up(self, token: Any) -> None:
         """The stream is idle at ``token``: save what was acknowledged, or the idle advance
@@ -268,7 +270,8 @@ class CheckpointPolicy:
             if token is None:
                 return
         if self._acknowledged is not None or (
-            self._due(self._settings.idle_interval) and token != self.saved_token
+            (self._due(self._settings.idle_interval) or self._bare(token))
+            and token != self.saved_token
         ):
             with self._routine():
                 self._save_acknowledged(token, self._acknowledged_time)
@@ -303,6 +306,12 @@ class CheckpointPolicy:
     @property
     def _acknowledged_time(self) -> Timestamp | None:
         return None if self._acknowledged is None else self._acknowledged[1]
+
+    def _bare(self, token: Any) -> bool:
+        """Whether ``token`` should replace the saved position at once: that position is a
+        bare cluster time (right after a copy, or a resync), and a cluster time is checked
+        against the oplog's bounds only approximately, a resume token exactly."""
+        return token is not None and self.last is not None and self.last.resume_token is None
 
     def _due(self, interval: float) -> bool:
         return self._clock.monotonic() - self._last_save >= interval

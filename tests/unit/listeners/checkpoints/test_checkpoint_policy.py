@@ -211,3 +211,24 @@ def test_a_stream_moved_elsewhere_never_reopens_at_what_was_acknowledged_before(
     policy.reload()
     assert policy.resume_position(None).at_time == Timestamp(30, 0)  # type: ignore[arg-type]
     assert scene.times() == [10, 30]
+
+
+def test_a_token_replaces_a_bare_cluster_time_at_once() -> None:
+    """Right after a copy the saved position is a cluster time alone; the first resume token
+    replaces it without waiting for either interval (then the intervals hold again)."""
+    scene = _Scene(interval=60.0, idle=60.0)
+    policy = scene.policy
+    policy.moved(None, Timestamp(10, 0))  # the copy's end: no token yet
+    assert scene.store.saved[-1].resume_token is None
+    policy.caught_up(_token(11))  # an idle stream's first token
+    assert scene.store.saved[-1].resume_token == _token(11)
+    policy.caught_up(_token(12))  # not bare any more: the idle interval holds
+    assert len(scene.store.saved) == 2
+    # under load too
+    policy.moved(None, Timestamp(20, 0))
+    scene.batch(21)
+    policy.after_batch()
+    assert scene.store.saved[-1].resume_token == _token(21, 1)
+    scene.batch(22)
+    policy.after_batch()
+    assert len(scene.store.saved) == 4
