@@ -68,6 +68,9 @@ _BULK_WATCHED_PATH = _BULK_PATH + ",items.*._index&require_alias=true"
 #: a (read-only, disk) block, an alias without a write index. The sink's failure, never a dead
 #: letter: retried as a sink that is down, within the tenure's failure budget.
 _INDEX_REFUSALS = frozenset({"index_closed_exception", "cluster_block_exception"})
+#: How a retried item's reason ends when every document meets it (a block the disk's flood
+#: stage put on: a 429): each retry of it says so at WARNING, not at INFO.
+_BLOCKED = " (a block every document meets: free the disk, or lift the block)"
 
 
 #: An action line after its head (:func:`action_head`) and id, then the source line, if any.
@@ -298,7 +301,8 @@ class BulkWriter:
                     f"on {self.transport.description}: {why}"
                 )
             delay = backoff.next()
-            self.log.info(
+            say = self.log.warning if why.endswith(_BLOCKED) else self.log.info
+            say(
                 "bulk: retrying {} items in {:.3f} s (attempt {}): {}",
                 len(pending),
                 delay,
@@ -402,7 +406,7 @@ class BulkWriter:
                 conflicts += 1
             elif st in RETRY_STATUSES or st == 0 or st >= 500:
                 retry.append(item)
-                why = f"item HTTP {st} {error_text(r)}"
+                why = f"item HTTP {st} {error_text(r)}{_BLOCKED if _index_refused(r) else ''}"
             elif _index_missing(st, r):
                 raise SinkLostError(
                     f"{self.transport.description}: {item.index} is gone under the listener"

@@ -216,3 +216,29 @@ def test_a_write_landing_outside_its_alias_is_a_lost_sink() -> None:
         SinkLostError, match="customers now points to customers-2, not to customers-1"
     ):
         writer.send(batch, lambda: None, lambda seconds: False)
+
+
+def test_a_block_every_document_meets_is_retried_at_warning() -> None:
+    """A full disk's flood-stage block answers 429 per item: retried (it lifts once there is
+    room), but each retry says so at WARNING, where an operator looks, not at INFO."""
+    said: list[tuple[str, str]] = []
+
+    class Log:
+        def info(self, text: str, *args: Any) -> None:
+            said.append(("INFO", text.format(*args)))
+
+        def warning(self, text: str, *args: Any) -> None:
+            said.append(("WARNING", text.format(*args)))
+
+    limits = BulkLimits(100, 10**6, 1.0, 1, 0.001, 0.002, retry_timeout=5.0)
+    blocked = items(
+        429,
+        "cluster_block_exception",
+        "index [i] blocked by: [TOO_MANY_REQUESTS/12/disk usage exceeded flood-stage watermark]",
+    )
+    writer = BulkWriter(
+        Scripted(blocked, items(429), items(201)), limits, on_dead=lambda d: None, logger=Log()
+    )
+    writer.send([BulkItem("index", "i", "1", 1, b"{}")], lambda: None, lambda seconds: False)
+    assert [level for level, _ in said] == ["WARNING", "INFO"]  # then a plain 429: INFO
+    assert "flood-stage" in said[0][1] and "free the disk" in said[0][1]
