@@ -14,6 +14,7 @@ from typing import Any
 import pymongo
 
 from listeners.checkpoints.stores import MongoCheckpointStore
+from listeners.deadletters import DeadLetterStore
 from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.transport import connect
 from listeners.elasticsearch.verify import compare
@@ -21,7 +22,7 @@ from listeners.runtime.runner import ListenerRunner
 from listeners.stream.partition import Partition, partition_of
 from singleton.service.dev.embedded import wait_until
 from singleton.testing import MemoryLeaseBackend
-from tests.integration.listener_support import make_runner
+from tests.integration.listener_support import LogCapture, make_runner
 
 
 def _sync(db: str, es_url: str, part: Partition | None = None) -> ElasticsearchSync:
@@ -271,8 +272,12 @@ def test_deletes_alone_through_a_deleted_alias_are_not_acknowledged_into_a_new_p
         _equal_within(coll, es_url, alias, 60)
         assert _is_alias(es_url, alias)  # not a plain index in its place
 
-    [runner] = _run(mongo_url, db, [listener], body)
+    with LogCapture() as logs:
+        [runner] = _run(mongo_url, db, [listener], body)
     assert runner.status()["sink_lost"] == 1
+    # said once, at ERROR, naming the alias and what happened to it
+    lost = [m for m in logs.errors if "the sink lost what it held" in m]
+    assert len(lost) == 1 and f"alias {alias} is gone" in lost[0], logs.errors
 
 
 def test_deletes_alone_of_two_partitions_through_a_deleted_alias_put_the_alias_back(
@@ -330,3 +335,39 @@ def test_a_resumed_tenure_does_not_take_an_empty_plain_index_for_its_alias(
     again = _sync(db, es_url)
     [runner] = _run(mongo_url, db, [again], lambda: _equal_within(coll, es_url, alias, 60))
     assert runner.status()["sink_lost"] == 1 and _is_alias(es_url, alias)
+
+
+def test_a_closed_index_is_the_sink_s_failure_never_a_dead_letter_per_document(
+    mongo_url: str, es_url: str, docs: Any
+) -> None:
+    """An operator closes the index behind the alias for a while under a streaming leader: every
+    write meets ``index_closed_exception``. That is the sink's failure, retried (the issue saw
+    400 dead letters and 200 missing documents); once it is open again the index equals the
+    collection, and not one document was dead-lettered."""
+    coll, db = docs, docs.database.name
+    coll.insert_many([{"_id": i, "n": i} for i in range(200)])
+    listener = _sync(db, es_url)
+    alias = listener.index_name
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    runner = make_runner(mongo_url, db, MemoryLeaseBackend(), listener, "r").start()
+    http = connect(es_url)
+    with LogCapture("WARNING") as logs:
+        try:
+            wait_until(lambda: runner.status()["state"] == "streaming", 60, what="streaming")
+            _equal_within(coll, es_url, alias, 60)
+            (physical,) = http.request("GET", f"/_alias/{alias}")[1]
+            assert http.request("POST", f"/{physical}/_close")[0] == 200
+            coll.insert_many([{"_id": 1000 + i, "n": i} for i in range(50)])
+            coll.update_many({"_id": {"$lt": 50}}, {"$inc": {"n": 1000}})
+            refused = "index_closed_exception"
+            wait_until(lambda: any(refused in m for m in logs.errors), 30, what="writes refused")
+            assert http.request("POST", f"/{physical}/_open")[0] == 200
+            _equal_within(coll, es_url, alias, 90)
+            assert DeadLetterStore(client, database=db).letters(listener.lease_name) == []
+        finally:
+            http.close()
+            runner.stop()
+            listener.close()
+            client.close()
+    retried = [m for m in logs.errors if refused in m]
+    assert all("delivering to the listener failed" in m for m in retried), retried[:3]
