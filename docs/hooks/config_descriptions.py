@@ -114,10 +114,13 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         " checkpoint. See [a shaped index](../how-to/shaped-index.md).",
         "batch_size": "Events per stream batch: one batch fills one bulk request"
         " (`bulk_actions`); the ceiling of the adaptive batch size.",
+        "sample_size": "Random documents of each collection that every sampled check"
+        " (`sample_interval`) compares with the index.",
     },
     "collections": {
         "relate": "Related documents embedded in each document, kept exact when either side"
-        " changes: a list of `{ from, local or foreign, as, many, sort, fields }` (`local`: this"
+        " changes: a list of `{ from, local or foreign, as, many, sort, fields, relate }`"
+        " (a `relate` within: the related document's own, two levels at most; `local`: this"
         " document's field holds the related `_id`; `foreign`: the related documents' field"
         " holds this `_id`). See [related documents](../how-to/related-documents.md).",
     },

@@ -57,7 +57,7 @@ from bson.timestamp import Timestamp
 
 from listeners.base import ChangeEvent, ChangeStreamListener, ListenerContext, StopReason
 from listeners.deadletters import DeadLetterStore
-from listeners.elasticsearch import fragments, partitioned
+from listeners.elasticsearch import fragments, partitioned, sample
 from listeners.elasticsearch.adaptive import BatchSizer
 from listeners.elasticsearch.bulk import BulkItem, BulkLimits, BulkStats, BulkWriter, DeadLetter
 from listeners.elasticsearch.copy import InitialCopy
@@ -92,6 +92,7 @@ _POSITIVE_INTEGERS = (
     "concurrency",
     "copy_batch_size",
     "window_bytes",
+    "sample_size",
 )
 _POSITIVE_NUMBERS = (
     "request_timeout",
@@ -178,6 +179,11 @@ class ElasticsearchSync(ChangeStreamListener):
     #: the alias (and, for a partition, the same one): a missing one is resynced (the writes
     #: of a busy stream find out on their own, see ``require_alias``).
     target_check_interval: float = 5.0
+    #: While the stream is idle, compare this many random documents of each collection with
+    #: the index this often (seconds; 0: never), and resync if one still differs at the next
+    #: sample (:mod:`.sample`): an index changed by someone else.
+    sample_interval: float = 60.0
+    sample_size: int = 100
     backoff_base: float = 0.05
     backoff_max: float = 5.0
     #: Give up on a failing item after this long (the runner then retries the batch).
@@ -205,6 +211,7 @@ class ElasticsearchSync(ChangeStreamListener):
         | {"on_drop", "ttl", "gc_safety_factor", "dead_letters", "copy_batch_size"}
         | {"split_large_events", "sink_name", "window_bytes", "pipelined", "handover_wait"}
         | {"adaptive_batch", "target_bulk_seconds", "collections", "target_check_interval"}
+        | {"sample_interval", "sample_size"}
         | {f.name for f in dataclasses.fields(BulkLimits)}  # the bulk writer's options
     )
 
@@ -293,6 +300,11 @@ class ElasticsearchSync(ChangeStreamListener):
         if isinstance(every, bool) or not isinstance(every, (int, float)) or not 0 < every < 1e9:
             raise ConfigurationError(
                 f"{cls}.target_check_interval must be seconds > 0, got {every!r}"
+            )
+        every = self.sample_interval
+        if isinstance(every, bool) or not isinstance(every, (int, float)) or not 0 <= every < 1e9:
+            raise ConfigurationError(
+                f"{cls}.sample_interval must be seconds >= 0 (0: no sampled check), got {every!r}"
             )
         if self.gc_safety_factor < 1:
             raise ConfigurationError(
@@ -547,20 +559,44 @@ class ElasticsearchSync(ChangeStreamListener):
     def on_idle(self, ctx: ListenerContext) -> None:
         """Every ``target_check_interval`` seconds of an idle stream: raise
         :class:`SinkLostError` (the tenure resyncs) if the index behind an alias this tenure
-        writes to is gone or, for a partition, was replaced (:meth:`.IndexKeeper.lost`)."""
+        writes to is gone or, for a partition, was replaced (:meth:`.IndexKeeper.lost`); and
+        every ``sample_interval`` seconds, the sampled check of :mod:`.sample`."""
         session = self._session
         if session is None or session.ctx is not ctx:
             return
         now = ctx.clock.monotonic()
-        if now < ctx.state.get("next_target_check", 0.0):
+        if now >= ctx.state.get("next_target_check", 0.0):
+            ctx.state["next_target_check"] = now + self.target_check_interval
+            names = [self._index_name] if self._shape is None else sorted(self._shape.indexes)
+            for name in names:  # (once per tenure: what a first write would check)
+                session.index.ensure(name, ctx)
+            why = session.index.lost()
+            if why is not None:
+                raise SinkLostError(f"{why}; found while the stream was idle")
+        if self.sample_interval:
+            self._sample(session, ctx)
+
+    def _sample(self, session: _Session, ctx: ListenerContext) -> None:
+        """The sampled check (:mod:`.sample`); the first one a ``sample_interval`` into the
+        tenure (its copy, if any, is checked by the next tenures' samples and ``verify``)."""
+        state = ctx.state.get(sample.STATE)
+        if state is None:
+            ctx.state[sample.STATE] = sample.Sampled(ctx.clock.monotonic() + self.sample_interval)
             return
-        ctx.state["next_target_check"] = now + self.target_check_interval
-        names = [self._index_name] if self._shape is None else sorted(self._shape.indexes)
-        for name in names:  # (once per tenure: what a first write would check)
-            session.index.ensure(name, ctx)
-        why = session.index.lost()
-        if why is not None:
-            raise SinkLostError(f"{why}; found while the stream was idle")
+        database = ctx.client[str(self.database)]
+        if self._shape is not None:
+            views = sample.shaped_views(self._shape, database)
+        else:
+            views = [sample.mirror_view(str(self.collection), self._index_name, self._transform)]
+        sample.check(
+            ctx,
+            session.transport,
+            database,
+            views,
+            size=self.sample_size,
+            interval=self.sample_interval,
+            mine=partitioned.owner(self.partition),
+        )
 
     def flush(self, deadline: float | None, ctx: ListenerContext) -> int | None:
         """Wait for the window; with a ``deadline`` (a planned handover) at most
