@@ -247,3 +247,32 @@ def test_a_tenure_whose_sink_is_down_from_its_start_has_a_lag_sample_at_once(
         assert status.batches == 0 and status.leader, status
     finally:
         down.stop()
+
+
+def test_a_sink_down_from_a_resumed_tenure_s_start_spends_its_budget_and_resigns(
+    scene: Scene,
+) -> None:
+    """The issue saw such a tenure retry at "attempt 1" forever, holding the lease: its
+    budget is spent like any other's, and it resigns (then the next tenure tries again)."""
+    budget = 3.0
+    first = Downstream(database=scene.db, collection="s")
+    runner = scene.runner(first, "a").start()
+    try:
+        wait_state(runner, "streaming")
+        scene.coll("s").insert_one({"_id": 1})
+        wait_until(lambda: len(first.keys()) == 1, 10, what="handled")
+    finally:
+        runner.stop()
+    scene.coll("s").insert_one({"_id": 2})  # waiting for a sink that is down
+    second = Downstream(database=scene.db, collection="s")
+    second.down.set()
+    down = scene.runner(second, "b", failure_budget=budget)
+    down.start()
+    try:
+        wait_until(lambda: down.status().leader, 10, what="the second tenure (resumed)")
+        started = time.monotonic()
+        wait_resigned(scene, down, timeout=budget + 10)
+        assert time.monotonic() - started < budget + 5
+        assert down.status().failed_tenures >= 1 and not down.status().ready
+    finally:
+        down.stop()

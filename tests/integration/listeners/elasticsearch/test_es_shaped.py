@@ -456,3 +456,82 @@ def test_a_shaped_dead_letter_is_replayed_through_its_collections_rules(
         listener.close()
         http.close()
         client.close()
+
+
+def test_a_document_a_field_rule_makes_invalid_is_dead_lettered_with_its_reason(
+    mongo_url: str, es_url: str, unique: str
+) -> None:
+    """A rename moves a customer's ``label`` onto ``n``, which the index maps as a number: a
+    label that is no number makes a document the index refuses. It is dead-lettered with the
+    index's reason, in the copy and in the stream alike, and the others are indexed."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    db = f"fr{unique}"
+    client[db].customers.insert_many(
+        [{"_id": "a", "label": "7"}, {"_id": "b", "label": "not a number"}]
+    )
+    listener = ElasticsearchSync(
+        name=f"{db}-search",
+        database=db,
+        index=f"{db}-{{collection}}",
+        collections={"customers": {"rename": {"label": "n"}}},
+        mappings={"properties": {"n": {"type": "long"}}},
+        es=es_url,
+        ttl=1.0,
+    )
+    runner = make_runner(mongo_url, db, MemoryLeaseBackend(), listener, "a").start()
+    letters = DeadLetterStore(client, database=db)
+    http = connect(es_url)
+    try:
+        wait_until(lambda: runner.status()["state"] == "streaming", 120, what="synced")
+        client[db].customers.insert_many(
+            [{"_id": "c", "label": "8"}, {"_id": "d", "label": "nor this"}]
+        )
+        wait_until(lambda: letters.dead_letters.count_documents({}) == 2, 30, what="dead letters")
+        reasons = {
+            str(d["event"]["documentKey"]["_id"]): str(d)
+            for d in letters.letters(listener.lease_name)
+        }
+        assert set(reasons) == {"b", "d"}, reasons
+        assert all(
+            "mapper_parsing_exception" in r or "failed to parse" in r for r in reasons.values()
+        )
+        for key, n in (("a", 7), ("c", 8)):
+            status, body = http.request("GET", f"/{db}-customers/_doc/{key}")
+            assert status == 200 and body["_source"] == {"n": str(n)}, body
+        assert listener.shape is not None
+    finally:
+        runner.stop()
+        listener.close()
+        http.close()
+        client.close()
+
+
+def test_one_stream_reads_the_listed_collections_alone_into_one_checkpoint(
+    mongo_url: str, es_url: str, unique: str
+) -> None:
+    """The stream is filtered on the server to the listed collections: writes to another
+    collection of the database reach neither the sink nor an index, and the listener keeps one
+    checkpoint for all of them (one lease, one position)."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_url)
+    db = f"os{unique}"
+    shaped.seed(client[db], 20, random.Random(2))
+    listener = _listener(db, es_url)
+    store = MongoCheckpointStore(client, database=db)
+    runner = make_runner(mongo_url, db, MemoryLeaseBackend(), listener, "a", store).start()
+    http = connect(es_url)
+    try:
+        wait_until(lambda: runner.status()["state"] == "streaming", 120, what="synced")
+        _caught_up(client, db, listener, es_url)
+        before = runner.status()["events_handled"]
+        client[db].unlisted.insert_many([{"_id": i} for i in range(50)])
+        _caught_up(client, db, listener, es_url)  # (one event: the marker order)
+        assert runner.status()["events_handled"] - before == 1
+        _assert_equal(client, es_url, listener)
+        assert http.request("GET", f"/{db}-unlisted")[0] == 404
+        names = {c["_id"] for c in client[db].checkpoints.find({}, {"_id": 1})}
+        assert names == {listener.lease_name}, names
+    finally:
+        runner.stop()
+        listener.close()
+        http.close()
+        client.close()

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pymongo
 
+from listeners.elasticsearch import ElasticsearchSync
 from listeners.elasticsearch.documents import doc_id, source_of
 from listeners.elasticsearch.transport import connect
 from singleton.service.cli import main
@@ -156,3 +158,63 @@ def test_an_unknown_key_of_a_collection_table_exits_2_naming_it(
     assert main(["verify", "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert "unknown key routng in collections.orders" in err and "routing" in err
+
+
+def test_verify_of_a_shaped_index_renames_reads_every_feeding_collection_and_never_regresses(
+    mongo_url: str, es_url: str, unique: str, tmp_path: Path, capsys: Any
+) -> None:
+    """Two collections into one index (their ids prefixed by the collection) and a rename are
+    what verify compares with; ``--repair`` fixes what differs, and leaves a document the
+    stream wrote at a newer version as it is (refused as newer, never regressed)."""
+    db = f"vr{unique}"
+    client: Any = pymongo.MongoClient(mongo_url)
+    client[db].orders.insert_many([{"_id": i, "city": f"c{i}", "n": i} for i in (1, 2, 3)])
+    client[db].legacy_orders.insert_many([{"_id": i, "n": 10 + i} for i in (1, 2)])
+    alias = f"{db}-orders"
+    layout = {
+        "orders": {"rename": {"city": "town"}},
+        "legacy_orders": {"index": alias},
+    }
+    shape = ElasticsearchSync(
+        name="s", database=db, index=f"{db}-{{collection}}", collections=layout, es=es_url
+    ).shape
+    assert shape is not None
+    order, legacy = shape.collections["orders"].es_id, shape.collections["legacy_orders"].es_id
+    assert order(1) != legacy(1)  # one index, two documents
+    es = connect(es_url)
+    try:
+
+        def put(es_id: str, source: dict[str, Any], version: int = 1) -> None:
+            path = f"/{alias}/_doc/{quote(es_id, safe='')}?version={version}&version_type=external"
+            status, body = es.request("PUT", path, json.dumps(source).encode())
+            assert status in (200, 201), body
+
+        put(order(1), {"town": "c1", "n": 1})  # equal
+        put(order(2), {"city": "c2", "n": 2})  # the rename not applied: stale
+        put(order(3), {"town": "old", "n": 3}, FAR_FUTURE)  # stale, but newer: left as it is
+        put(legacy(1), {"n": 11})  # equal; legacy 2 is missing
+        config = tmp_path / "singleton.toml"
+        config.write_text(
+            f'mongo_url = "{mongo_url}"\nes_url = "{es_url}"\n\n[[listeners]]\n'
+            f'use = "elasticsearch"\nname = "shop-search"\ndatabase = "{db}"\n'
+            f'index = "{db}-{{collection}}"\n\n'
+            '[listeners.collections.orders]\nrename = { city = "town" }\n\n'
+            f'[listeners.collections.legacy_orders]\nindex = "{alias}"\n'
+        )
+        capsys.readouterr()
+        assert main(["verify", "--config", str(config), "--json"]) == 1
+        [report] = json.loads(capsys.readouterr().out)
+        assert report["index"] == alias and report["documents"] == 5
+        assert report["stale"] == sorted([order(2), order(3)])
+        assert report["missing"] == [legacy(2)] and report["extra"] == []
+        assert main(["verify", "--config", str(config), "--repair", "--json"]) == 1
+        [after] = json.loads(capsys.readouterr().out)
+        assert after["refused_as_newer"] == 1 and after["repaired"] == 2, after
+        assert after["stale"] == [order(3)] and not after["missing"]
+        _, body = es.request("GET", f"/{alias}/_doc/{quote(order(2), safe='')}")
+        assert body["_source"] == {"town": "c2", "n": 2}
+        _, body = es.request("GET", f"/{alias}/_doc/{quote(order(3), safe='')}")
+        assert body["_source"]["town"] == "old"  # the newer write stayed
+    finally:
+        es.close()
+        client.close()
