@@ -16,6 +16,7 @@ import pytest
 from loguru import logger
 
 from listeners.base import ChangeEvent, ListenerContext
+from listeners.runtime.runner import ListenerRunner
 from singleton.errors import SinkUnavailableError
 from singleton.service.dev.embedded import wait_until
 from tests.integration.listener_support import (
@@ -220,24 +221,29 @@ def test_a_takeover_says_where_it_resumed(scene: Scene) -> None:
     assert f"token={second.status().fencing_token}" in resumed[0]
 
 
+def _resumed_with_its_sink_down(scene: Scene, coll: str, budget: float) -> ListenerRunner:
+    """A first tenure handles one event and checkpoints; then an event waits, and a second
+    tenure (started, not yet leading) resumes with its sink down from its first moment."""
+    first = Downstream(database=scene.db, collection=coll)
+    runner = scene.runner(first, "a").start()
+    try:
+        wait_state(runner, "streaming")
+        scene.coll(coll).insert_one({"_id": 1})
+        wait_until(lambda: len(first.keys()) == 1, 10, what="handled")
+    finally:
+        runner.stop()
+    scene.coll(coll).insert_one({"_id": 2})  # waiting for a sink that is down
+    second = Downstream(database=scene.db, collection=coll)
+    second.down.set()
+    return scene.runner(second, "b", failure_budget=budget).start()
+
+
 def test_a_tenure_whose_sink_is_down_from_its_start_has_a_lag_sample_at_once(
     scene: Scene,
 ) -> None:
     """No batch is ever delivered, yet the lag gauge (and so the lag alert) has a value from
     the tenure's first moment: it counts from the position the tenure resumes from."""
-    first = Downstream(database=scene.db, collection="l")
-    runner = scene.runner(first, "a").start()
-    try:
-        wait_state(runner, "streaming")
-        scene.coll("l").insert_one({"_id": 1})
-        wait_until(lambda: len(first.keys()) == 1, 10, what="handled")
-    finally:
-        runner.stop()
-    scene.coll("l").insert_one({"_id": 2})  # waiting for a sink that is down
-    second = Downstream(database=scene.db, collection="l")
-    second.down.set()
-    down = scene.runner(second, "b", failure_budget=30)
-    down.start()
+    down = _resumed_with_its_sink_down(scene, "l", 30)
     try:
         wait_until(lambda: down.status().leader, 10, what="the second tenure")
         wait_until(
@@ -255,19 +261,7 @@ def test_a_sink_down_from_a_resumed_tenure_s_start_spends_its_budget_and_resigns
     """The issue saw such a tenure retry at "attempt 1" forever, holding the lease: its
     budget is spent like any other's, and it resigns (then the next tenure tries again)."""
     budget = 3.0
-    first = Downstream(database=scene.db, collection="s")
-    runner = scene.runner(first, "a").start()
-    try:
-        wait_state(runner, "streaming")
-        scene.coll("s").insert_one({"_id": 1})
-        wait_until(lambda: len(first.keys()) == 1, 10, what="handled")
-    finally:
-        runner.stop()
-    scene.coll("s").insert_one({"_id": 2})  # waiting for a sink that is down
-    second = Downstream(database=scene.db, collection="s")
-    second.down.set()
-    down = scene.runner(second, "b", failure_budget=budget)
-    down.start()
+    down = _resumed_with_its_sink_down(scene, "s", budget)
     try:
         wait_until(lambda: down.status().leader, 10, what="the second tenure (resumed)")
         started = time.monotonic()
