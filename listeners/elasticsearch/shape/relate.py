@@ -29,7 +29,7 @@ Which roots an event touches: a root's own event, that root; a related document'
 :data:`CHUNK` roots: memory stays bounded whatever the fan-out); for a ``foreign`` relation, the
 root its field names now and the one it named before (from the pre-image, which the listener
 turns on for such collections: without it, a line moved or deleted stays in its old root's array
-until ``singleton verify --repair``).
+until the sampled check (:mod:`..sample`) or ``singleton verify --repair`` finds it).
 
 Depth 2: a relation may carry its own ``relate`` (a line embeds its product), whose related
 documents are embedded in each related document as the root's are in the root; no deeper (a

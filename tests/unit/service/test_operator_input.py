@@ -165,6 +165,7 @@ def test_bad_settings_exit_2_before_connecting(
         ('index = "ord*ers"', "index 'ord*ers' has a '*': Elasticsearch index names are lower"),
         ('index = "Orders"', "(e.g. index = 'orders')"),
         ('index = "_{collection}"', "has a leading '_'"),
+        ('name = ""', "name must be a non-empty string, got ''"),
     ],
 )
 def test_bad_listener_options_exit_2_before_connecting(
@@ -174,6 +175,25 @@ def test_bad_listener_options_exit_2_before_connecting(
     Elasticsearch refuses (rewritten silently before: ``ord*ers`` became ``ord_ers``)."""
     config = ["--config", _es_config(tmp_path, option)]
     for command in ("status", "verify", "run"):
+        err = _refused([command, *config, *_stores(silent)], capsys)
+        assert message in err, (command, err)
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("sample_interval = -1", "sample_interval must be seconds >= 0"),
+        ("sample_size = 0", "sample_size must be an integer >= 1"),
+    ],
+)
+def test_bad_options_of_the_listener_class_exit_2_before_run_or_verify_connects(
+    option: str, message: str, capsys: pytest.CaptureFixture[str], silent: str, tmp_path: Path
+) -> None:
+    """``run`` and ``verify`` build the listeners (and so check the class's own options)
+    before they connect; ``status`` builds none, so that it works without the application's
+    code (it reads leases and checkpoints by the names the configuration gives)."""
+    config = ["--config", _es_config(tmp_path, option)]
+    for command in ("verify", "run"):
         err = _refused([command, *config, *_stores(silent)], capsys)
         assert message in err, (command, err)
 
