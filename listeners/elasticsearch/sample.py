@@ -25,9 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from listeners.elasticsearch.documents import source_of
 from listeners.elasticsearch.ids import doc_id
+from listeners.elasticsearch.shape.paths import MISSING
 from listeners.elasticsearch.shape.relate import Joiner
 from listeners.elasticsearch.transport import Transport, path_index
-from singleton.errors import SinkLostError, UnindexableError
+from listeners.elasticsearch.verify import Diff
+from singleton.errors import SinkError, SinkLostError, UnindexableError
 
 if TYPE_CHECKING:
     from listeners.base import ListenerContext
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
 STATE = "index_sample"
 #: Documents named in the ERROR line of a confirmed divergence.
 SHOWN = 5
+#: What :func:`_fetch` returns for a document held under a routing other than its own.
+ELSEWHERE = object()
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,12 @@ class Expected:
 
 @dataclass(frozen=True)
 class View:
-    """How one collection is expected in the index: its filter, and ``expect(docs)`` (the
-    documents of ``keys`` as they are now, :class:`Expected` each)."""
+    """How one collection is expected in the index (its ``alias``): its filter, and
+    ``expect(collection, keys)`` (the documents of ``keys`` as they are now, :class:`Expected`
+    each)."""
 
     collection: str
+    alias: str
     query: Mapping[str, Any]
     expect: Callable[[Any, Sequence[Any]], list[Expected]]
 
@@ -87,7 +93,7 @@ def mirror_view(collection: str, alias: str, transform: Transform | None) -> Vie
             out.append(Expected(collection, doc["_id"], alias, es_id, None, source))
         return out
 
-    return View(collection, {}, expect)
+    return View(collection, alias, {}, expect)
 
 
 def shaped_views(shape: Shape, database: Any) -> list[View]:
@@ -116,7 +122,7 @@ def shaped_views(shape: Shape, database: Any) -> list[View]:
             return out
 
         query = dict(rules.filter.query) if rules.filter is not None else {}
-        views.append(View(name, query, expect))
+        views.append(View(name, rules.index, query, expect))
     return views
 
 
@@ -199,25 +205,73 @@ def _expected(
     return out
 
 
+def _fetch(transport: Transport, alias: str, wanted: Sequence[Expected]) -> list[Any] | None:
+    """What ``alias`` holds of each of ``wanted`` (its ``_source``, ``MISSING`` when absent),
+    in one ``_mget`` with each document's routing; ``None`` if the index did not answer. A
+    copy held under another routing (found anyway: one shard, or the same one) is returned as
+    :data:`ELSEWHERE`, which equals no source."""
+    docs = [
+        {"_id": e.es_id, **({"routing": e.routing} if e.routing is not None else {})}
+        for e in wanted
+    ]
+    body = json.dumps({"docs": docs}).encode()
+    status, resp = transport.request("POST", f"/{path_index(alias)}/_mget", body)
+    if status != 200 or not isinstance(resp, dict) or len(resp.get("docs") or []) != len(docs):
+        return None
+    return [
+        MISSING
+        if not got.get("found")
+        else got.get("_source")
+        if got.get("_routing") == want.routing
+        else ELSEWHERE
+        for want, got in zip(wanted, resp["docs"], strict=True)
+    ]
+
+
+def _by_alias(expected: Iterable[Expected]) -> dict[str, list[Expected]]:
+    out: dict[str, list[Expected]] = {}
+    for e in expected:
+        out.setdefault(e.alias, []).append(e)
+    return out
+
+
 def _differing(transport: Transport, expected: Sequence[Expected]) -> list[Expected] | None:
     """The ``expected`` documents that the index does not hold as expected (those a rule
     keeps out must be absent); ``None`` if the index did not answer (the writes and the
     alias check deal with a sink that is down or gone)."""
-    by_alias: dict[str, list[Expected]] = {}
-    for e in expected:
-        by_alias.setdefault(e.alias, []).append(e)
     out: list[Expected] = []
-    for alias, wanted in sorted(by_alias.items()):
-        docs = [
-            {"_id": e.es_id, **({"routing": e.routing} if e.routing is not None else {})}
-            for e in wanted
-        ]
-        body = json.dumps({"docs": docs}).encode()
-        status, resp = transport.request("POST", f"/{path_index(alias)}/_mget", body)
-        if status != 200 or not isinstance(resp, dict) or len(resp.get("docs") or []) != len(docs):
+    for alias, wanted in sorted(_by_alias(expected).items()):
+        held = _fetch(transport, alias, wanted)
+        if held is None:
             return None
-        for want, got in zip(wanted, resp["docs"], strict=True):
-            held = got.get("_source") if got.get("found") else None
-            if held != want.source:
+        for want, got in zip(wanted, held, strict=True):
+            if (None if got is MISSING else got) != want.source:
                 out.append(want)
+    return out
+
+
+def compare_sample(
+    database: Any, transport: Transport, views: Sequence[View], size: int
+) -> dict[str, tuple[Diff, dict[str, Expected]]]:
+    """``singleton verify --sample``: per alias, ``size`` random documents of each collection
+    that feeds it against the index (``missing`` and ``stale``; an ``extra`` id cannot be
+    judged from a sample of the collection), and what each was expected as."""
+    drawn: list[Expected] = []
+    for view in views:
+        coll = database[view.collection]
+        drawn += view.expect(coll, _draw(coll, view.query, size))
+    out: dict[str, tuple[Diff, dict[str, Expected]]] = {}
+    for alias in sorted({v.alias for v in views}):
+        wanted = [e for e in drawn if e.alias == alias and e.source is not None]
+        diff = Diff(mongo_count=len(wanted))
+        held = _fetch(transport, alias, wanted) if wanted else []
+        if held is None:
+            raise SinkError(f"sampling {alias}: the index did not answer its _mget")
+        for want, got in zip(wanted, held, strict=True):
+            if got is MISSING:
+                diff.missing.append(want.es_id)
+            elif got != want.source:
+                diff.stale.append(want.es_id)
+        diff.es_count = sum(got is not MISSING for got in held)
+        out[alias] = (diff, {e.es_id: e for e in wanted})
     return out

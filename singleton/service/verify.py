@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from listeners.elasticsearch import Diff, ElasticsearchSync, compare
+from listeners.elasticsearch import sample as sampling
 from listeners.elasticsearch.documents import doc_id, source_of
 from listeners.elasticsearch.shape.collections import Shape, write_version
 from listeners.elasticsearch.shape.items import lines as shaped_lines
@@ -142,7 +143,10 @@ def _verify_one(
         at = mongo.cluster_time(client)  # before the scan: see the module docstring
         transform: Any = listener.transform
         if sample is not None:
-            diff = compare_sample(collection, transport, listener.index_name, transform, sample)
+            view = sampling.mirror_view(collection.name, listener.index_name, transform)
+            [(diff, _)] = sampling.compare_sample(
+                collection.database, transport, [view], sample
+            ).values()
         else:
             diff = compare(collection, transport, listener.index_name, transform)
         report = Report(
@@ -167,12 +171,8 @@ def _verify_shaped(
 ) -> list[Report]:
     """One report per alias of a shaped listener: the index against the shaped view of every
     collection that feeds it (filter, field rules, ids, routing); ``repair`` writes under the
-    same versions as for a mirror (``2 v + 1`` of ``T``, :mod:`..shape.collections`)."""
-    if sample is not None:
-        raise ConfigurationError(
-            f"--sample compares a mirror's documents; {listener.lease_name} is a shaped "
-            f"listener (collections): verify it whole (leave --sample out)"
-        )
+    same versions as for a mirror (``2 v + 1`` of ``T``, :mod:`..shape.collections`); with
+    ``sample``, that many random documents of each collection (its filter applied)."""
     transport, owned = make_transport(
         listener.es,
         api_key=listener.api_key,
@@ -182,9 +182,28 @@ def _verify_shaped(
     try:
         at = mongo.cluster_time(client)  # before the scan: see the module docstring
         reports = []
+        sampled: dict[str, tuple[Diff, dict[str, sampling.Expected]]] = {}
+        view: tuple[dict[str, Expected], list[str]]
+        if sample is not None:
+            database = client[shape.database]
+            views = sampling.shaped_views(shape, database)
+            sampled = sampling.compare_sample(database, transport, views, sample)
         for alias in sorted(shape.indexes):
-            view = expected_documents(client, shape, alias)
-            diff = compare_alias(client, transport, shape, alias, view)
+            if sample is not None:
+                found, wanted = sampled[alias]
+                diff = ShapedDiff(
+                    found.missing, found.stale, [], [], found.mongo_count, found.es_count
+                )
+                view = (
+                    {
+                        k: Expected(e.collection, e.key, e.source, e.routing)
+                        for k, e in wanted.items()
+                    },
+                    [],
+                )
+            else:
+                view = expected_documents(client, shape, alias)
+                diff = compare_alias(client, transport, shape, alias, view)
             report = Report(
                 listener.lease_name,
                 alias,
@@ -217,35 +236,6 @@ def _repair_shaped(
         actions.append(shaped_lines("delete", report.index, key, version - 1, routing, None))
     for start in range(0, len(actions), REPAIR_BATCH):
         _bulk(report, transport, [a.rstrip(b"\n") for a in actions[start : start + REPAIR_BATCH]])
-
-
-def compare_sample(
-    collection: Any, transport: Transport, index: str, transform: Any, size: int
-) -> Diff:
-    """``compare`` for ``size`` random documents (``$sample``), fetched with one ``_mget``."""
-    expected: dict[str, Any] = {}
-    for doc in collection.aggregate([{"$sample": {"size": size}}]):
-        try:
-            source = source_of(doc, transform)
-            if source is not None:
-                expected[doc_id(doc["_id"])] = json.loads(source)
-        except ValueError:  # unindexable: a dead letter, not a difference
-            continue
-    diff = Diff(mongo_count=len(expected))
-    if not expected:
-        return diff
-    body = json.dumps({"ids": sorted(expected)}).encode()
-    status, reply = transport.request("POST", f"/{path_index(index)}/_mget", body)
-    if status != 200 or not isinstance(reply, dict):
-        raise SinkError(f"sampling {index}: HTTP {status}")
-    found = {d["_id"]: d.get("_source") for d in reply.get("docs", []) if d.get("found")}
-    diff.es_count = len(found)
-    for key, source in expected.items():
-        if key not in found:
-            diff.missing.append(key)
-        elif found[key] != source:
-            diff.stale.append(key)
-    return diff
 
 
 def _repair(report: Report, collection: Any, transport: Any, version: int, transform: Any) -> None:
