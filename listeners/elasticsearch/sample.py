@@ -14,6 +14,11 @@ suspect is read again from both sides; if MongoDB still gives the same expected 
 the index still differs, the index has diverged, and the tenure raises :class:`SinkLostError`
 (one ERROR line naming the documents, a resync, ``sink_lost``). A document in the index that
 the collection no longer holds is not sampled (the sample is drawn from MongoDB).
+
+A comparison that cannot hold for an index (its mapping leaves fields out of ``_source``, an
+ingest pipeline rewrites documents) would find it differing after every resync, too. So a
+divergence confirmed again before any sample came out clean since the last one turns the check
+off for the listener, with one ERROR line that says why, instead of resyncing in a loop.
 """
 
 from __future__ import annotations
@@ -135,14 +140,15 @@ def check(
     size: int,
     interval: float,
     mine: Callable[[Any], bool],
-) -> None:
+) -> int | None:
     """While idle, every ``interval`` seconds: confirm the last sample's suspects (raise
-    :class:`SinkLostError` for the ones still differing), then draw a new sample."""
+    :class:`SinkLostError` for the ones still differing), then draw a new sample; the number
+    of its suspects (``None``: no sample was due)."""
     state = ctx.state.setdefault(STATE, Sampled())
     assert isinstance(state, Sampled)
     now = ctx.clock.monotonic()
     if now < state.due:
-        return
+        return None
     state.due = now + interval
     by_name = {v.collection: v for v in views}
     if state.suspects:
@@ -177,6 +183,7 @@ def check(
             len(state.suspects),
             len(sample),
         )
+    return len(state.suspects)
 
 
 def _draw(coll: Any, query: Mapping[str, Any], size: int) -> list[Any]:

@@ -234,6 +234,10 @@ class ElasticsearchSync(ChangeStreamListener):
         )
         #: The tenure in progress (``None`` between tenures).
         self._session: _Session | None = None
+        #: The sampled check resynced and no sample came out clean since; it found the index
+        #: differing again before one did, so it cannot judge this index (:mod:`.sample`).
+        self._sampled_resync = False
+        self._sampling_off = False
 
     def _validate(self) -> None:
         super()._validate()
@@ -573,7 +577,7 @@ class ElasticsearchSync(ChangeStreamListener):
             why = session.index.lost()
             if why is not None:
                 raise SinkLostError(f"{why}; found while the stream was idle")
-        if self.sample_interval:
+        if self.sample_interval and not self._sampling_off:
             self._sample(session, ctx)
 
     def _sample(self, session: _Session, ctx: ListenerContext) -> None:
@@ -588,15 +592,32 @@ class ElasticsearchSync(ChangeStreamListener):
             views = sample.shaped_views(self._shape, database)
         else:
             views = [sample.mirror_view(str(self.collection), self._index_name, self._transform)]
-        sample.check(
-            ctx,
-            session.transport,
-            database,
-            views,
-            size=self.sample_size,
-            interval=self.sample_interval,
-            mine=partitioned.owner(self.partition),
-        )
+        try:
+            suspects = sample.check(
+                ctx,
+                session.transport,
+                database,
+                views,
+                size=self.sample_size,
+                interval=self.sample_interval,
+                mine=partitioned.owner(self.partition),
+            )
+        except SinkLostError as exc:
+            if not self._sampled_resync:
+                self._sampled_resync = True  # until a sample comes out clean
+                raise
+            self._sampling_off = True
+            ctx.logger.error(
+                "sampled check turned off for {}: it found the index differing again before"
+                " any clean sample since its last resync, so the comparison cannot hold for"
+                " this index (a mapping that leaves fields out of _source, or an ingest"
+                " pipeline?); set sample_interval = 0 to say so: {}",
+                self.name,
+                exc,
+            )
+            return
+        if suspects == 0:
+            self._sampled_resync = False
 
     def flush(self, deadline: float | None, ctx: ListenerContext) -> int | None:
         """Wait for the window; with a ``deadline`` (a planned handover) at most

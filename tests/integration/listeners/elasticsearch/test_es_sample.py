@@ -142,3 +142,42 @@ def test_a_shaped_document_overwritten_under_its_routing_is_resynced(
         listener.close()
         http.close()
         client.close()
+
+
+def test_a_comparison_that_cannot_hold_turns_the_check_off_instead_of_resyncing_in_a_loop(
+    mongo_url: str, es_url: str, docs: Any
+) -> None:
+    """An index whose mapping leaves a field out of ``_source`` differs from the collection
+    after every copy: the first confirmed divergence resyncs, the second (no clean sample in
+    between) turns the check off with one ERROR line, and the listener streams on."""
+    coll, db = docs, docs.database.name
+    coll.insert_many([{"_id": i, "n": i, "secret": "s"} for i in range(40)])
+    listener = ElasticsearchSync(
+        database=db,
+        collection="docs",
+        es=es_url,
+        ttl=1.0,
+        sample_interval=0.2,
+        sample_size=40,
+        mappings={"_source": {"excludes": ["secret"]}},
+    )
+    with LogCapture() as logs:
+        runner = _started(mongo_url, db, listener)
+        try:
+            wait_until(
+                lambda: any("sampled check turned off" in m for m in logs.errors),
+                60,
+                what="the check turned off",
+            )
+            assert runner.status()["sink_lost"] == 1  # one resync, not a loop
+            coll.insert_one({"_id": 99, "n": 99})
+            http = connect(es_url)
+            try:
+                path = f"/{listener.index_name}/_doc/{quote(doc_id(99), safe='')}"
+                wait_until(lambda: http.request("GET", path)[0] == 200, 30, what="streaming on")
+            finally:
+                http.close()
+            assert runner.status()["sink_lost"] == 1
+        finally:
+            runner.stop()
+            listener.close()
