@@ -8,7 +8,8 @@ restored over it. A sample sees it. Every ``sample_interval`` seconds of an idle
 own) are read from MongoDB and fetched from the index (one ``_mget`` per alias, each with its
 routing), and compared as ``singleton verify`` compares them.
 
-A document that differs is only a *suspect*: a write may have come between the two reads, or
+A document the index refused (a dead letter of the listener) is not a divergence. A document
+that differs is only a *suspect*: a write may have come between the two reads, or
 its event may not be applied yet. At the next sample, the stream having been idle again, the
 suspect is read again from both sides; if MongoDB still gives the same expected document and
 the index still differs, the index has diverged, and the tenure raises :class:`SinkLostError`
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from listeners.elasticsearch.documents import source_of
 from listeners.elasticsearch.ids import doc_id
 from listeners.elasticsearch.shape.paths import MISSING
-from listeners.elasticsearch.shape.relate import Joiner
+from listeners.elasticsearch.shape.relate import Joiner, key_of
 from listeners.elasticsearch.transport import Transport, path_index
 from listeners.elasticsearch.verify import Diff
 from singleton.errors import SinkError, SinkLostError, UnindexableError
@@ -140,6 +141,7 @@ def check(
     size: int,
     interval: float,
     mine: Callable[[Any], bool],
+    dead_lettered: Callable[[Sequence[Any]], set[bytes]] = lambda keys: set(),
 ) -> int | None:
     """While idle, every ``interval`` seconds: confirm the last sample's suspects (raise
     :class:`SinkLostError` for the ones still differing), then draw a new sample; the number
@@ -160,6 +162,9 @@ def check(
             and state.suspects[(want.alias, want.es_id)].source == want.source
         ]
         diverged = _differing(transport, still) if still else []
+        if diverged:  # (a document the index refused is a dead letter, not a divergence)
+            dead = dead_lettered([e.key for e in diverged])
+            diverged = [e for e in diverged if key_of(e.key) not in dead]
         if diverged:
             shown = ", ".join(f"{e.alias}/{e.es_id}" for e in diverged[:SHOWN])
             raise SinkLostError(

@@ -76,7 +76,7 @@ from listeners.elasticsearch.shape.collections import Shape, moved_version, pars
 from listeners.elasticsearch.shape.copy import ShapedCopy
 from listeners.elasticsearch.shape.items import CollectionCounts, ShapedItems
 from listeners.elasticsearch.shape.items import lines as shaped_lines
-from listeners.elasticsearch.shape.relate import Joiner
+from listeners.elasticsearch.shape.relate import Joiner, key_of
 from listeners.elasticsearch.transport import Transport, describe, make_transport
 from listeners.elasticsearch.versioning import EventVersioner, first_seqs
 from listeners.elasticsearch.window import BulkWindow
@@ -601,6 +601,7 @@ class ElasticsearchSync(ChangeStreamListener):
                 size=self.sample_size,
                 interval=self.sample_interval,
                 mine=partitioned.owner(self.partition),
+                dead_lettered=lambda keys: self._dead_lettered(ctx, keys),
             )
         except SinkLostError as exc:
             if not self._sampled_resync:
@@ -618,6 +619,17 @@ class ElasticsearchSync(ChangeStreamListener):
             return
         if suspects == 0:
             self._sampled_resync = False
+
+    def _dead_lettered(self, ctx: ListenerContext, keys: Sequence[Any]) -> set[bytes]:
+        """Which of the document ``keys`` this listener dead-lettered (``key_of`` each), where
+        its dead letters are a :class:`DeadLetterStore` (else none are known)."""
+        store = self.dead_letters or ctx.dead_letters or DeadLetterStore(ctx.client)
+        if not isinstance(store, DeadLetterStore):
+            return set()
+        found = store.dead_letters.find(
+            {"_id.listener": ctx.listener_name, "_id.key": {"$in": list(keys)}}, {"_id": 1}
+        )
+        return {key_of(doc["_id"]["key"]) for doc in found}
 
     def flush(self, deadline: float | None, ctx: ListenerContext) -> int | None:
         """Wait for the window; with a ``deadline`` (a planned handover) at most

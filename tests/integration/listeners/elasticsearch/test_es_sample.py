@@ -181,3 +181,34 @@ def test_a_comparison_that_cannot_hold_turns_the_check_off_instead_of_resyncing_
         finally:
             runner.stop()
             listener.close()
+
+
+def test_a_dead_lettered_document_is_not_taken_for_a_divergence(
+    mongo_url: str, es_url: str, docs: Any
+) -> None:
+    """A document the index refuses (its mapping wants a number) is dead-lettered: it is
+    missing from the index by design, and the samples that meet it never resync."""
+    coll, db = docs, docs.database.name
+    coll.insert_many([{"_id": i, "n": i} for i in range(20)] + [{"_id": "bad", "n": "text"}])
+    listener = ElasticsearchSync(
+        database=db,
+        collection="docs",
+        es=es_url,
+        ttl=1.0,
+        sample_interval=0.1,
+        sample_size=21,
+        mappings={"properties": {"n": {"type": "long"}}},
+    )
+    with LogCapture("INFO") as logs:
+        runner = _started(mongo_url, db, listener)
+        try:
+            wait_until(
+                lambda: sum("documents differ from the index" in m for m in logs.errors) >= 4,
+                30,
+                what="samples that met the dead letter",
+            )
+            assert runner.status()["sink_lost"] == 0
+        finally:
+            runner.stop()
+            listener.close()
+    assert not any("sampled check turned off" in m for m in logs.errors)
