@@ -35,7 +35,7 @@ from listeners.elasticsearch.shape.paths import MISSING
 from listeners.elasticsearch.shape.relate import Joiner, key_of
 from listeners.elasticsearch.transport import Transport, path_index
 from listeners.elasticsearch.verify import Diff
-from singleton.errors import SinkError, SinkLostError, UnindexableError
+from singleton.errors import SinkError, SinkLostError
 
 if TYPE_CHECKING:
     from listeners.base import ListenerContext
@@ -93,8 +93,8 @@ def mirror_view(collection: str, alias: str, transform: Transform | None) -> Vie
             try:
                 raw = source_of(doc, transform)
                 es_id = doc_id(doc["_id"])
-            except (UnindexableError, ValueError, TypeError):
-                continue  # dead-lettered by the stream: not the index's to hold
+            except Exception:  # (a transform's error too) dead-lettered by the stream
+                continue
             source = None if raw is None else json.loads(raw)
             out.append(Expected(collection, doc["_id"], alias, es_id, None, source))
         return out
@@ -121,7 +121,7 @@ def shaped_views(shape: Shape, database: Any) -> list[View]:
                     es_id, routing = rules.es_id(doc["_id"]), rules.routing_of(doc)
                     body = rules.shaped(doc)
                     raw = None if body is None else source_of(body)
-                except (UnindexableError, ValueError, TypeError):
+                except Exception:  # (a transform's error too) dead-lettered by the stream
                     continue
                 source = None if raw is None else json.loads(raw)
                 out.append(Expected(rules.name, doc["_id"], rules.index, es_id, routing, source))

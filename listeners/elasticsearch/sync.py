@@ -81,7 +81,7 @@ from listeners.elasticsearch.transport import Transport, describe, make_transpor
 from listeners.elasticsearch.versioning import EventVersioner, first_seqs
 from listeners.elasticsearch.window import BulkWindow
 from singleton.drivers import mongo
-from singleton.errors import ConfigurationError, SinkLostError
+from singleton.errors import ConfigurationError, SingletonError, SinkLostError
 from singleton.retry import Backoff
 
 #: The origin of copied documents, for their dead-letter records.
@@ -616,6 +616,11 @@ class ElasticsearchSync(ChangeStreamListener):
                 self.name,
                 exc,
             )
+            return
+        except SingletonError:
+            raise  # (the lease in doubt: the tenure ends)
+        except Exception as exc:  # an auxiliary check: a failed read costs this sample only
+            ctx.logger.warning("sampled check of {} skipped: {!r}", self.name, exc)
             return
         if suspects == 0:
             self._sampled_resync = False
