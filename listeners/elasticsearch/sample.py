@@ -145,7 +145,7 @@ def check(
 ) -> int | None:
     """While idle, every ``interval`` seconds: confirm the last sample's suspects (raise
     :class:`SinkLostError` for the ones still differing), then draw a new sample; the number
-    of its suspects (``None``: no sample was due)."""
+    of its suspects (``None``: no sample was due, or the index did not answer)."""
     state = ctx.state.setdefault(STATE, Sampled())
     assert isinstance(state, Sampled)
     now = ctx.clock.monotonic()
@@ -180,7 +180,10 @@ def check(
             sample += view.expect(database[view.collection], keys)
     state.samples += 1
     differing = _differing(transport, sample) if sample else []
-    state.suspects = {(e.alias, e.es_id): e for e in differing or ()}
+    if differing is None:  # the index did not answer: no sample, not a clean one
+        state.suspects = {}
+        return None
+    state.suspects = {(e.alias, e.es_id): e for e in differing}
     if state.suspects:
         ctx.logger.info(
             "sampled check: {} of {} documents differ from the index; checking them again at"
