@@ -35,7 +35,7 @@ from listeners.elasticsearch.shape.paths import MISSING
 from listeners.elasticsearch.shape.relate import Joiner, key_of
 from listeners.elasticsearch.transport import Transport, path_index
 from listeners.elasticsearch.verify import Diff
-from singleton.errors import SinkError, SinkLostError
+from singleton.errors import SingletonError, SinkError, SinkLostError
 
 if TYPE_CHECKING:
     from listeners.base import ListenerContext
@@ -130,6 +130,56 @@ def shaped_views(shape: Shape, database: Any) -> list[View]:
         query = dict(rules.filter.query) if rules.filter is not None else {}
         views.append(View(name, rules.index, query, expect))
     return views
+
+
+class SampledCheck:
+    """A listener's sampled check across its tenures: the first sample an ``interval`` into a
+    tenure, and the guard against a resync loop (see the module docstring)."""
+
+    def __init__(self) -> None:
+        #: It resynced, and no sample came out clean since.
+        self.resynced = False
+        #: It found the index differing again before one did: it cannot judge this index.
+        self.off = False
+
+    def run(
+        self,
+        ctx: ListenerContext,
+        transport: Transport,
+        database: Any,
+        views: Sequence[View],
+        **options: Any,
+    ) -> None:
+        """:func:`check` (``options``: its keyword arguments), unless turned off; a failed
+        read costs that sample only."""
+        if self.off:
+            return
+        if STATE not in ctx.state:  # (the copy, if any, is the next samples' and verify's)
+            ctx.state[STATE] = Sampled(ctx.clock.monotonic() + options["interval"])
+            return
+        try:
+            suspects = check(ctx, transport, database, views, **options)
+        except SinkLostError as exc:
+            if not self.resynced:
+                self.resynced = True  # until a sample comes out clean
+                raise
+            self.off = True
+            ctx.logger.error(
+                "sampled check turned off for {}: it found the index differing again before"
+                " any clean sample since its last resync, so the comparison cannot hold for"
+                " this index (a mapping that leaves fields out of _source, or an ingest"
+                " pipeline?); set sample_interval = 0 to say so: {}",
+                ctx.listener_name,
+                exc,
+            )
+            return
+        except SingletonError:
+            raise  # (the lease in doubt: the tenure ends)
+        except Exception as exc:  # an auxiliary check: a failed read costs this sample only
+            ctx.logger.warning("sampled check of {} skipped: {!r}", ctx.listener_name, exc)
+            return
+        if suspects == 0:
+            self.resynced = False
 
 
 def check(

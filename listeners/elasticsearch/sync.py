@@ -81,7 +81,7 @@ from listeners.elasticsearch.transport import Transport, describe, make_transpor
 from listeners.elasticsearch.versioning import EventVersioner, first_seqs
 from listeners.elasticsearch.window import BulkWindow
 from singleton.drivers import mongo
-from singleton.errors import ConfigurationError, SingletonError, SinkLostError
+from singleton.errors import ConfigurationError, SinkLostError
 from singleton.retry import Backoff
 
 #: The origin of copied documents, for their dead-letter records.
@@ -234,10 +234,8 @@ class ElasticsearchSync(ChangeStreamListener):
         )
         #: The tenure in progress (``None`` between tenures).
         self._session: _Session | None = None
-        #: The sampled check resynced and no sample came out clean since; it found the index
-        #: differing again before one did, so it cannot judge this index (:mod:`.sample`).
-        self._sampled_resync = False
-        self._sampling_off = False
+        #: The sampled check across tenures (:mod:`.sample`).
+        self._sampled = sample.SampledCheck()
 
     def _validate(self) -> None:
         super()._validate()
@@ -577,53 +575,26 @@ class ElasticsearchSync(ChangeStreamListener):
             why = session.index.lost()
             if why is not None:
                 raise SinkLostError(f"{why}; found while the stream was idle")
-        if self.sample_interval and not self._sampling_off:
+        if self.sample_interval:
             self._sample(session, ctx)
 
     def _sample(self, session: _Session, ctx: ListenerContext) -> None:
-        """The sampled check (:mod:`.sample`); the first one a ``sample_interval`` into the
-        tenure (its copy, if any, is checked by the next tenures' samples and ``verify``)."""
-        state = ctx.state.get(sample.STATE)
-        if state is None:
-            ctx.state[sample.STATE] = sample.Sampled(ctx.clock.monotonic() + self.sample_interval)
-            return
+        """The sampled check of :mod:`.sample`, over this listener's collections."""
         database = ctx.client[str(self.database)]
         if self._shape is not None:
             views = sample.shaped_views(self._shape, database)
         else:
             views = [sample.mirror_view(str(self.collection), self._index_name, self._transform)]
-        try:
-            suspects = sample.check(
-                ctx,
-                session.transport,
-                database,
-                views,
-                size=self.sample_size,
-                interval=self.sample_interval,
-                mine=partitioned.owner(self.partition),
-                dead_lettered=lambda keys: self._dead_lettered(ctx, keys),
-            )
-        except SinkLostError as exc:
-            if not self._sampled_resync:
-                self._sampled_resync = True  # until a sample comes out clean
-                raise
-            self._sampling_off = True
-            ctx.logger.error(
-                "sampled check turned off for {}: it found the index differing again before"
-                " any clean sample since its last resync, so the comparison cannot hold for"
-                " this index (a mapping that leaves fields out of _source, or an ingest"
-                " pipeline?); set sample_interval = 0 to say so: {}",
-                self.name,
-                exc,
-            )
-            return
-        except SingletonError:
-            raise  # (the lease in doubt: the tenure ends)
-        except Exception as exc:  # an auxiliary check: a failed read costs this sample only
-            ctx.logger.warning("sampled check of {} skipped: {!r}", self.name, exc)
-            return
-        if suspects == 0:
-            self._sampled_resync = False
+        self._sampled.run(
+            ctx,
+            session.transport,
+            database,
+            views,
+            size=self.sample_size,
+            interval=self.sample_interval,
+            mine=partitioned.owner(self.partition),
+            dead_lettered=lambda keys: self._dead_lettered(ctx, keys),
+        )
 
     def _dead_lettered(self, ctx: ListenerContext, keys: Sequence[Any]) -> set[bytes]:
         """Which of the document ``keys`` this listener dead-lettered (``key_of`` each), where
