@@ -147,18 +147,21 @@ class SampledCheck:
         ctx: ListenerContext,
         transport: Transport,
         database: Any,
-        views: Sequence[View],
+        views: Callable[[], Sequence[View]],
         **options: Any,
     ) -> None:
-        """:func:`check` (``options``: its keyword arguments), unless turned off; a failed
-        read costs that sample only."""
-        if self.off:
+        """:func:`check` (``options``: its keyword arguments) when a sample is due, over
+        ``views()``, unless turned off; a failed read costs that sample only. (Called at every
+        idle poll: nothing is built before a sample is due.)"""
+        state = ctx.state.get(STATE)
+        now = ctx.clock.monotonic()
+        if self.off or (isinstance(state, Sampled) and now < state.due):
             return
-        if STATE not in ctx.state:  # (the copy, if any, is the next samples' and verify's)
-            ctx.state[STATE] = Sampled(ctx.clock.monotonic() + options["interval"])
+        if state is None:  # (the copy, if any, is the next samples' and verify's)
+            ctx.state[STATE] = Sampled(now + options["interval"])
             return
         try:
-            suspects = check(ctx, transport, database, views, **options)
+            suspects = check(ctx, transport, database, views(), **options)
         except SinkLostError as exc:
             if not self.resynced:
                 self.resynced = True  # until a sample comes out clean

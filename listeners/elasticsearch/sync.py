@@ -581,10 +581,12 @@ class ElasticsearchSync(ChangeStreamListener):
     def _sample(self, session: _Session, ctx: ListenerContext) -> None:
         """The sampled check of :mod:`.sample`, over this listener's collections."""
         database = ctx.client[str(self.database)]
-        if self._shape is not None:
-            views = sample.shaped_views(self._shape, database)
-        else:
-            views = [sample.mirror_view(str(self.collection), self._index_name, self._transform)]
+
+        def views() -> list[sample.View]:
+            if self._shape is not None:
+                return sample.shaped_views(self._shape, database)
+            return [sample.mirror_view(str(self.collection), self._index_name, self._transform)]
+
         self._sampled.run(
             ctx,
             session.transport,
