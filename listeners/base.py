@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, get_args
 
@@ -67,6 +67,39 @@ class DeadLetterSink(Protocol):
         ...
 
 
+class DrainFlag(threading.Event):
+    """A tenure's drain flag: a :class:`threading.Event` that, as it is set, also calls the
+    hooks given to :meth:`when_set` (on the setter's thread, once each). A wait on something
+    else (a sink's requests) can so end the moment a planned handover begins, instead of looking
+    at the flag every few milliseconds: each timed wake-up costs a context switch, and a
+    sink-bound stream waits most of the time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hooks: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        super().set()
+        for hook in list(self._hooks):
+            try:
+                hook()
+            except Exception:  # a hook never stops the drain
+                _logger.exception("a drain hook raised; the drain goes on")
+
+    def when_set(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """Call ``hook`` once the flag is set (now, if it is); returns what unregisters it.
+        ``hook`` may run twice when it races :meth:`set`: make it idempotent."""
+        self._hooks.append(hook)
+        if self.is_set():
+            hook()
+
+        def remove() -> None:
+            if hook in self._hooks:
+                self._hooks.remove(hook)
+
+        return remove
+
+
 @dataclass
 class ListenerContext:
     """What a listener gets with every call: the tenure it acts under, and its resources."""
@@ -111,6 +144,16 @@ class ListenerContext:
         :class:`listeners.runtime.handover.HandoverInterrupted`: what it had not finished is not
         acknowledged, and the successor replays it."""
         return self.draining is not None and self.draining.is_set()
+
+    def on_handover(self, hook: Callable[[], None]) -> Callable[[], None] | None:
+        """Have ``hook`` called (on the runner's thread; keep it short, and idempotent) when a
+        planned handover begins, so that an act waiting on its sink can stop waiting at once;
+        returns what unregisters it. ``None`` when this context's runner cannot call it (a
+        plain :class:`threading.Event` for ``draining``): then look at :meth:`handing_over`
+        from time to time instead."""
+        if isinstance(self.draining, DrainFlag):
+            return self.draining.when_set(hook)
+        return None
 
     def load_progress(self) -> dict[str, Any] | None:
         """The listener's progress last saved by :meth:`save_progress`, or ``None``."""

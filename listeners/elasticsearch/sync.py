@@ -125,7 +125,7 @@ class _Session:
     def close(self) -> None:
         """Wait for the requests in flight (unacknowledged: the successor replays them), then
         release what the session created."""
-        self.window.abandon()
+        self.window.end()
         self.writer.close()
         if self.owns_transport:
             self.transport.close()
@@ -339,11 +339,10 @@ class ElasticsearchSync(ChangeStreamListener):
         return f"elasticsearch {self.sink_name or describe(self.es)}/{where}"
 
     # -- tenures ----------------------------------------------------------------------------
-    def _open_session(self, ctx: ListenerContext, *, pipelined: bool) -> _Session:
-        """Build the session of the tenure ``ctx`` (closing an earlier one's)."""
-        self.close()
+    def _transport(self) -> tuple[Transport, bool]:
+        """The session's transport to ``es``, and whether it was built here (from URLs)."""
         auth = self.basic_auth
-        transport, owned = make_transport(
+        return make_transport(
             self.es,
             api_key=self.api_key,
             basic_auth=tuple(auth) if auth else None,
@@ -354,6 +353,11 @@ class ElasticsearchSync(ChangeStreamListener):
             request_timeout=self.request_timeout,
             maxsize=self.concurrency + 2,  # the index calls need one besides the bulk requests
         )
+
+    def _open_session(self, ctx: ListenerContext, *, pipelined: bool) -> _Session:
+        """Build the session of the tenure ``ctx`` (closing an earlier one's)."""
+        self.close()
+        transport, owned = self._transport()
         on_dead = self._on_dead(ctx)
         limits = {f.name: getattr(self, f.name) for f in dataclasses.fields(BulkLimits)}
 
@@ -379,7 +383,11 @@ class ElasticsearchSync(ChangeStreamListener):
         keeper.watch = self.partition is not None
         writer.watched = keeper.watched
         window = BulkWindow(
-            writer, max_requests=self.concurrency, max_bytes=self.window_bytes, clock=ctx.clock
+            writer,
+            max_requests=self.concurrency,
+            max_bytes=self.window_bytes,
+            clock=ctx.clock,
+            on_handover=ctx.on_handover,
         )
         self._session = _Session(
             ctx=ctx,

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from loguru import logger
 
-from listeners.base import ChangeStreamListener
+from listeners.base import ChangeStreamListener, DrainFlag
 from listeners.checkpoints.policy import CheckpointSettings, LastSeen
 from listeners.checkpoints.stores import CheckpointStore, MongoCheckpointStore
 from listeners.deadletters import DeadLetterStore
@@ -73,7 +73,7 @@ class _Tenure:
     def __init__(self, ld: Leadership, previous: _Tenure | None, drain_timeout: float) -> None:
         self.ld = ld
         self.previous = previous
-        self.drain = threading.Event()  # before_release: stop reading, checkpoint, end
+        self.drain = DrainFlag()  # before_release: stop reading, checkpoint, end
         self.gate = HandoverGate(self.drain, drain_timeout)
         self.wake = threading.Event()  # a drain or a loss: cut any wait short
         self.done = threading.Event()

@@ -1,6 +1,9 @@
 """A batch that waits on Elasticsearch stops as soon as a planned handover begins, whether its
 requests were pipelined or sent one batch at a time: ``handle_batch`` raises
-``HandoverInterrupted`` while the sink still holds the request (the successor replays it)."""
+``HandoverInterrupted`` while the sink still holds the request (the successor replays it). With
+the runner's drain flag (a :class:`DrainFlag`) the drain interrupts the wait itself: the window's
+polls are set to an hour here, so only the interrupt can end it in time. With a plain event the
+window looks at it every ``POLL`` seconds."""
 
 from __future__ import annotations
 
@@ -10,17 +13,27 @@ from typing import Any
 import pymongo
 import pytest
 
-from listeners.base import ListenerContext
+from listeners.base import DrainFlag, ListenerContext
+from listeners.elasticsearch import window
 from listeners.runtime.handover import HandoverInterrupted
 from singleton.drivers.mongo import cluster_time
 from tests.integration import es_support
 from tests.integration.es_proxy import BulkHoldingProxy
 
 
+@pytest.mark.parametrize("flag", [DrainFlag, threading.Event])
 @pytest.mark.parametrize("pipelined", [False, True])
 def test_a_batch_waiting_on_the_sink_stops_when_a_handover_begins(
-    pipelined: bool, client: pymongo.MongoClient[dict[str, Any]], es_url: str, docs: Any
+    pipelined: bool,
+    flag: type[threading.Event],
+    client: pymongo.MongoClient[dict[str, Any]],
+    es_url: str,
+    docs: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if flag is DrainFlag:
+        monkeypatch.setattr(window, "IDLE_POLL", 3600.0)
+        monkeypatch.setattr(window, "POLL", 3600.0)
     coll = docs
     start = cluster_time(client)
     coll.insert_many([{"_id": i, "n": i} for i in range(30)])
@@ -30,7 +43,7 @@ def test_a_batch_waiting_on_the_sink_stops_when_a_handover_begins(
         listener, base = es_support.sync_with_tenure(
             client, coll, proxy.url, concurrency=1, bulk_actions=10, pipelined=pipelined
         )
-        draining = threading.Event()
+        draining = flag()
         ctx = ListenerContext(
             base.leadership, client, base.logger, base.listener_name, draining=draining
         )
