@@ -239,6 +239,13 @@ class LagMonitor:
 #: of package metadata per new connection); measured without warm-up on an idle two-core
 #: machine: 1 to 4.5 ms worst (``serial``: this test runs alone).
 MAX_LAG = 0.015
+#: The same once the store is black-holed: there a blocking call to it takes its whole timeout
+#: (``STORE_TIMEOUT``), since the proxy accepts and then never answers, so a tenth of it still
+#: tells a blocked loop from a turning one without counting what else ran meanwhile (18 ms seen
+#: once in a whole ``make test``, against 1 to 4.5 ms alone: the scheduler, or the proxy's own
+#: threads in this process taking the GIL).
+STORE_TIMEOUT = 1.0
+HUNG_MAX_LAG = STORE_TIMEOUT / 10
 
 
 @pytest.mark.serial
@@ -255,7 +262,9 @@ def test_the_loop_never_waits_on_the_store_even_when_it_hangs(
     async def scenario() -> None:
         with TcpProxy(host, port) as proxy:
             proxied = via_proxy(url, proxy.port)
-            options = {"socket_timeout": 1.0} if kind == "redis" else {"timeout": 1.0}
+            options = (
+                {"socket_timeout": STORE_TIMEOUT} if kind == "redis" else {"timeout": STORE_TIMEOUT}
+            )
             async with (
                 make_async(kind, proxied, unique, **options) as ba,
                 make_async(kind, url, unique) as bb,
@@ -302,7 +311,7 @@ def test_the_loop_never_waits_on_the_store_even_when_it_hangs(
     finally:
         gc.enable()
     assert lags["normal"] < MAX_LAG, lags
-    assert lags["hung"] < MAX_LAG, lags
+    assert lags["hung"] < HUNG_MAX_LAG, lags
     assert lags["late"] < 0.1, lags
 
 
