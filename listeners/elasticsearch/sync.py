@@ -131,6 +131,11 @@ class _Session:
             self.transport.close()
 
 
+#: Where a batch's writes go: a mirror's index name, or a shaped listener's physical copy
+#: targets by alias (``{}``: each collection's alias itself).
+_Where = str | Mapping[str, str]
+
+
 class ElasticsearchSync(ChangeStreamListener):
     """Keeps an index equal to ``database.collection``; see the module docstring."""
 
@@ -555,14 +560,13 @@ class ElasticsearchSync(ChangeStreamListener):
         acknowledged (:mod:`.window`); otherwise it returns once they all finished."""
         session = self._session_for(ctx)
         window = session.window
-        if session.shaped is not None:
-            return self._shaped_batch(session, events)
+        where: _Where = self._index_name if session.shaped is None else {}  # (shaped: aliases)
         if not session.pipelined:
-            self._apply(session, events, self._index_name)
+            self._apply(session, events, where)
             window.acknowledged()  # drop the finished entries: they were waited for
             return None
         window.open()
-        self._write(session, events, self._index_name)
+        self._write(session, events, where)
         window.close(len(events))
         return window.acknowledged()
 
@@ -632,40 +636,66 @@ class ElasticsearchSync(ChangeStreamListener):
         """``batch_size``, or less while the sink is slow (``adaptive_batch``)."""
         return self._sizer.size if self.adaptive_batch else self.batch_size
 
-    def _apply(self, session: _Session, events: Sequence[ChangeEvent], index_name: str) -> None:
-        """Write ``events`` into ``index_name`` one batch at a time: after what was in flight,
-        and wait for their requests (a handover stops either wait, as in flight)."""
+    def _apply(self, session: _Session, events: Sequence[ChangeEvent], where: _Where) -> None:
+        """Write ``events`` into ``where`` one batch at a time: after what was in flight, and
+        wait for their requests (a handover stops either wait, as in flight)."""
         stop = session.ctx.handing_over
         session.window.wait(stop=stop)
         session.window.open()
-        self._write(session, events, index_name)
+        self._write(session, events, where)
         session.window.wait(stop=stop)
 
-    def _write(self, session: _Session, events: Sequence[ChangeEvent], index_name: str) -> None:
-        """Send the bulk items of ``events`` into ``index_name`` through the window."""
-        ctx, window, index = session.ctx, session.window, session.index
+    def _write(self, session: _Session, events: Sequence[ChangeEvent], where: _Where) -> None:
+        """Send the bulk items of ``events`` into ``where`` through the window."""
+        ctx, window = session.ctx, session.window
         pending: dict[str, BulkItem] = {}
         joined, at = events, 0
         while True:
-            at = session.items.collect(joined, at, session.versioner, index_name, pending)
+            at = self._collect(session, joined, at, pending, where)
             if at >= len(joined):
                 break
             if "splitEvent" in joined[at]:  # (rare: the fragments from here on are joined first)
                 joined = [*joined[:at], *fragments.join(joined[at:])]
                 continue
             if pending:  # what came before the drop goes first
-                index.ensure(index_name, ctx)
+                self._ensure_targets(session, pending, where)
                 writes = session.writer.session(ctx.check, ctx.leadership.wait_lost)
                 writes.send(list(pending.values()))
                 pending.clear()
             window.wait()
-            self._dropped(joined[at], session, index_name)
+            if isinstance(where, str):
+                self._dropped(joined[at], session, where)
+            else:
+                self._dropped_shaped(joined[at], session)
             at += 1
         if pending:
-            index.ensure(index_name, ctx)
+            self._ensure_targets(session, pending, where)
             window.submit(
                 list(pending.values()), ctx.check, ctx.leadership.wait_lost, ctx.handing_over
             )
+
+    @staticmethod
+    def _collect(
+        session: _Session,
+        events: Sequence[ChangeEvent],
+        at: int,
+        pending: dict[str, BulkItem],
+        where: _Where,
+    ) -> int:
+        """The item maker's ``collect``: the mirror's into the index ``where``, a shaped
+        listener's into each collection's alias, or that alias's copy target in ``where``."""
+        if session.shaped is None:
+            assert isinstance(where, str)
+            return session.items.collect(events, at, session.versioner, where, pending)
+        assert not isinstance(where, str)
+        return session.shaped.collect(events, at, session.versioner, pending, where)
+
+    @staticmethod
+    def _ensure_targets(session: _Session, pending: Mapping[str, BulkItem], where: _Where) -> None:
+        """Make the indexes ``pending`` writes to (a mirror's: ``where`` alone)."""
+        names = [where] if isinstance(where, str) else {item.index for item in pending.values()}
+        for name in sorted(names):
+            session.index.ensure(name, session.ctx)
 
     def _dropped(self, event: ChangeEvent, session: _Session, name: str) -> None:
         """The collection dropped or renamed away: ``keep`` leaves its documents in the index
@@ -684,62 +714,6 @@ class ElasticsearchSync(ChangeStreamListener):
             session.index.delete(name, session.ctx)
 
     # -- a shaped listener ----------------------------------------------------------------
-    def _shaped_batch(self, session: _Session, events: Sequence[ChangeEvent]) -> int | None:
-        """:meth:`handle_batch` of a shaped listener (the same window, its own items)."""
-        window = session.window
-        if not session.pipelined:
-            self._apply_shaped(session, events, {})
-            window.acknowledged()
-            return None
-        window.open()
-        self._write_shaped(session, events, {})
-        window.close(len(events))
-        return window.acknowledged()
-
-    def _apply_shaped(
-        self, session: _Session, events: Sequence[ChangeEvent], targets: Mapping[str, str]
-    ) -> None:
-        """:meth:`_apply` of a shaped listener, into the physical ``targets`` of a copy."""
-        stop = session.ctx.handing_over
-        session.window.wait(stop=stop)
-        session.window.open()
-        self._write_shaped(session, events, targets)
-        session.window.wait(stop=stop)
-
-    def _write_shaped(
-        self, session: _Session, events: Sequence[ChangeEvent], targets: Mapping[str, str]
-    ) -> None:
-        """:meth:`_write` of a shaped listener: its items, each into its collection's alias
-        (or that alias's copy target)."""
-        ctx, window, shaped = session.ctx, session.window, session.shaped
-        assert shaped is not None
-        pending: dict[str, BulkItem] = {}
-        joined, at = events, 0
-        while True:
-            at = shaped.collect(joined, at, session.versioner, pending, targets)
-            if at >= len(joined):
-                break
-            if "splitEvent" in joined[at]:
-                joined = [*joined[:at], *fragments.join(joined[at:])]
-                continue
-            if pending:
-                self._ensure_targets(session, pending)
-                writes = session.writer.session(ctx.check, ctx.leadership.wait_lost)
-                writes.send(list(pending.values()))
-                pending.clear()
-            window.wait()
-            self._dropped_shaped(joined[at], session)
-            at += 1
-        if pending:
-            self._ensure_targets(session, pending)
-            window.submit(
-                list(pending.values()), ctx.check, ctx.leadership.wait_lost, ctx.handing_over
-            )
-
-    def _ensure_targets(self, session: _Session, pending: Mapping[str, BulkItem]) -> None:
-        for name in sorted({item.index for item in pending.values()}):
-            session.index.ensure(name, session.ctx)
-
     def _dropped_shaped(self, event: ChangeEvent, session: _Session) -> None:
         """A collection of the shape dropped or renamed away (or the database dropped): with
         ``on_drop = "delete_index"`` its documents leave the index by a resync of every
@@ -770,7 +744,7 @@ class ElasticsearchSync(ChangeStreamListener):
                 name=self.lease_name,
                 shape=self._shape,
                 items=session.shaped,
-                replay=lambda events, targets: self._apply_shaped(
+                replay=lambda events, targets: self._apply(
                     session, partitioned.only(self.partition, events), targets
                 ),
                 batch_size=self.copy_batch_size,
