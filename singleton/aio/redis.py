@@ -73,7 +73,7 @@ def async_client_from_url(url: str, **options: Any) -> aioredis.Redis:
     sentinel_kwargs.update(_driver_options())
     sentinel_kwargs.update(parts.sentinel_kwargs())
     sentinel_kwargs["retry"] = Retry(NoBackoff(), 0)  # a silent Sentinel: ask the next one
-    sentinel = Sentinel(parts.sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(parts.sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call, unused-ignore]
     client: aioredis.Redis = sentinel.master_for(
         parts.service_name, **{**parts.master_kwargs(), **options}
     )
@@ -202,7 +202,7 @@ class AsyncRedisLeaseBackend(AsyncServerLeases):
                     self._releases.notify(_text(message["data"]))
         finally:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
 
     def _translate(self, op: str, name: str) -> contextlib.AbstractContextManager[None]:
         return translate(f"redis {op} of lease {name!r} on {self._url}")

@@ -272,10 +272,10 @@ def client_from_url(url: str, **options: Any) -> redis.Redis:
         # A silent Sentinel is skipped for the next one at once: redis-py's default retries
         # (with backoff) per Sentinel would multiply into a lookup of many seconds.
         sentinel_kwargs["retry"] = Retry(NoBackoff(), 0)
-        sentinel = _Sentinels(  # type: ignore[no-untyped-call]
+        sentinel = _Sentinels(  # type: ignore[no-untyped-call, unused-ignore]
             parts.sentinels, sentinel_kwargs=sentinel_kwargs
         )
-        client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
             parts.service_name,
             redis_class=SentinelMasterRedis,
             **{**parts.master_kwargs(), **options},
@@ -313,7 +313,7 @@ class _Sentinels(Sentinel):
                 refused += isinstance(exc, rex.AuthenticationError)
                 errors.append(f"{where}: {type(exc).__name__}: {exc}")
                 continue
-            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call, unused-ignore]
                 self.sentinels[0], self.sentinels[i] = sentinel, self.sentinels[0]
                 return state["ip"], state["port"]
             errors.append(f"{where}: knows no master for it")

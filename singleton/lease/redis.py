@@ -411,7 +411,7 @@ class RedisLeaseBackend(ServerLeaseBackend):
 
     # -- pub/sub ---------------------------------------------------------------------------
     def _subscription(self) -> None:
-        pubsub = self._client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+        pubsub = self._client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call, unused-ignore]
         try:
             self._pump(pubsub)
         finally:

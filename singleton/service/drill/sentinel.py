@@ -153,7 +153,7 @@ class SentinelTopology:
         pubsubs = []
         try:
             for view in self._clients:
-                pubsub = view.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                pubsub = view.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call, unused-ignore]
                 pubsub.subscribe("+switch-master")
                 pubsubs.append(pubsub)
             old.kill()
